@@ -1,0 +1,102 @@
+"""A rank's grouping window: samples read but not yet emitted, with their ages.
+
+Pure bookkeeping between reads and the alignment plan: it says when to stop reading
+(the window is sized by work: ``window_tokens``, capped by ``capacity`` samples),
+groups its contents (:func:`odb.grouping.form_groups`), splits the groups into those
+ready now and those worth waiting for, hands out the chosen groups' payloads and ages
+everything left. Samples not chosen stay and are regrouped next round
+(recirculation), so nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from odb.budget import TokenBudget
+from odb.grouping import Group, Item, emission_order, form_groups
+
+
+@dataclass
+class _Entry:
+    length: int
+    patches: int
+    age: int
+    payload: Any
+
+
+class SampleBuffer:
+    """Buffered samples of one rank, keyed by a unique sequence number.
+
+    Args:
+        budget: Group budget.
+        window_tokens: Tokens the window aims to hold before groups are formed.
+        capacity: Most samples held at once.
+        age_limit: Rounds after which a sample's group is ready regardless of fill.
+    """
+
+    def __init__(self, budget: TokenBudget, window_tokens: int, capacity: int,
+                 age_limit: int) -> None:
+        self.budget = budget
+        self.window_tokens = window_tokens
+        self.capacity = capacity
+        self.age_limit = age_limit
+        self._entries: dict[int, _Entry] = {}
+        self._tokens = 0
+        self._next_key = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def max_age(self) -> int:
+        return max((e.age for e in self._entries.values()), default=0)
+
+    def wants_more(self) -> bool:
+        """True while the window holds fewer tokens than it aims for and has room."""
+        return self._tokens < self.window_tokens and len(self._entries) < self.capacity
+
+    def add(self, length: int, patches: int, payload: Any, age: int = 0) -> None:
+        """Buffer one sample (``length >= 1``)."""
+        self._entries[self._next_key] = _Entry(length, patches, age, payload)
+        self._next_key += 1
+        self._tokens += length
+
+    def plan(self, can_read_more: bool) -> tuple[list[Group], list[Group]]:
+        """Group the window; return ``(ready, waiting)``, ready in emission order.
+
+        A group is ready when it is complete (the next sample did not fit), holds a
+        sample at the age limit, or when no more samples can arrive before the next
+        round (then waiting would gain nothing). Every nonempty buffer that cannot
+        read more therefore has at least one ready group.
+        """
+        items = [Item(key, e.length, e.patches, e.age) for key, e in self._entries.items()]
+        ordered = emission_order(form_groups(items, self.budget), self.budget, self.age_limit)
+        ready, waiting = [], []
+        for group in ordered:
+            overdue = any(item.age >= self.age_limit for item in group.items)
+            (ready if group.complete or overdue or not can_read_more else waiting).append(group)
+        return ready, waiting
+
+    def take(self, groups: Sequence[Group]) -> list[list[Any]]:
+        """Remove the given groups' samples, age the rest, return payloads per group."""
+        payloads = []
+        for group in groups:
+            entries = [self._entries.pop(item.key) for item in group.items]
+            self._tokens -= sum(e.length for e in entries)
+            payloads.append([e.payload for e in entries])
+        for entry in self._entries.values():
+            entry.age += 1
+        return payloads
+
+    def drain(self) -> list[tuple[int, int, int, Any]]:
+        """Remove everything; ``(length, patches, age, payload)`` per sample (carry)."""
+        out = [(e.length, e.patches, e.age, e.payload) for e in self._entries.values()]
+        self._entries.clear()
+        self._tokens = 0
+        return out

@@ -1,0 +1,262 @@
+"""The collate side's round loop: read, group, align, collate, hand over.
+
+One call of :func:`run_epoch` is one rank's epoch. It is the same code in the collate
+process and in thread mode; only ``emit`` (the queue to the trainer) and the sample
+iterator differ. Each round:
+
+1. read samples into the window until it holds enough work (or the view is read);
+2. group the window and report a fixed-size status to the peers (one all-gather);
+3. derive the round's plan (:func:`odb.alignment.plan_round`, identical on all ranks)
+   and this rank's ``T`` steps: real groups, split groups or IDLE steps;
+4. collate them, sum the per-step sample and loss-token counts over the ranks (one
+   all-reduce), and release steps whose gradient-accumulation window is complete.
+
+Errors name the sample index that caused them; nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from odb.alignment import RankStatus, local_steps, plan_round
+from odb.buffer import SampleBuffer
+from odb.budget import GroupMeasure, TokenBudget
+from odb.comm import AlignmentGroup
+from odb.config import ODBConfig
+from odb.loss import WindowNormalizer, count_loss_tokens
+from odb.metrics import EpochMetrics
+from odb.step_info import STEP_INFO_KEY, StepInfo
+
+LengthFn = Callable[[Any], int]
+
+
+class PeerFailedError(RuntimeError):
+    """Another rank's collate side reported a failure; this rank stops too."""
+
+
+@dataclass(frozen=True)
+class SampleMeter:
+    """Measures one sample and rejects what ODB cannot batch, naming the index."""
+
+    config: ODBConfig
+    length_fn: LengthFn | None = None
+    patches_fn: LengthFn | None = None
+
+    def __call__(self, index: int, sample: Any) -> tuple[int, int]:
+        if not isinstance(sample, Mapping):
+            raise TypeError(f"sample {index} is a {type(sample).__name__}; ODB needs each "
+                            "dataset item to be a dict of fields (one sample, not a batch)")
+        length = self._length(index, sample)
+        patches = int(self.patches_fn(sample)) if self.patches_fn is not None else 0
+        if length <= 0:
+            raise ValueError(f"sample {index} has length {length}; ODB refuses empty samples "
+                             "instead of dropping them silently. Filter them out of the dataset")
+        budget = self.config.budget
+        if self.config.oversize == "error" and budget.is_oversize(length, patches):
+            raise ValueError(f"sample {index} (length {length}, patches {patches}) exceeds "
+                             f"token_budget={budget.max_tokens} on its own; raise the budget, "
+                             "truncate the sample, or set oversize='singleton'")
+        return length, patches
+
+    def _length(self, index: int, sample: Mapping[str, Any]) -> int:
+        if self.length_fn is not None:
+            return int(self.length_fn(sample))
+        key = self.config.length_key
+        if key not in sample:
+            raise ValueError(f"sample {index} has no {key!r} (fields: {sorted(sample)}); pass "
+                             "length_fn or set length_key to the field that holds the tokens")
+        value = sample[key]
+        return int(value.shape[-1]) if hasattr(value, "shape") else len(value)
+
+
+@dataclass
+class EpochJob:
+    """Everything one rank's collate side needs for one epoch (picklable)."""
+
+    config: ODBConfig
+    epoch: int
+    rank: int
+    world_size: int
+    view: list[int]
+
+
+@dataclass
+class EpochResult:
+    """What an epoch leaves behind: unread or unemitted indices (non-join) and metrics."""
+
+    carry: list[int]
+    metrics: dict[str, float | int]
+
+
+class _Reader:
+    """Reads the view's samples in order and counts them."""
+
+    def __init__(self, samples: Iterator[tuple[int, Any]], total: int) -> None:
+        self._samples = samples
+        self.total = total
+        self.count = 0
+        self.unread: list[int] = []
+
+    @property
+    def done(self) -> bool:
+        return self.count >= self.total
+
+    def next(self) -> tuple[int, Any]:
+        index, sample = next(self._samples)
+        self.count += 1
+        return index, sample
+
+
+def run_epoch(
+    job: EpochJob,
+    samples: Iterator[tuple[int, Any]],
+    group: AlignmentGroup,
+    collate_fn: Callable[[list[Any]], Any],
+    meter: SampleMeter,
+    idle_template: Callable[[], Any],
+    emit: Callable[[Any], None],
+    free_slots: Callable[[], int],
+) -> EpochResult:
+    """Run one rank's epoch; every rank emits the same number of steps.
+
+    Args:
+        job: Config, epoch, rank and this rank's view (indices in reading order).
+        samples: ``(index, sample)`` pairs of the view, in view order.
+        group: The alignment group of this iteration.
+        collate_fn: Turns a list of samples into a dict batch.
+        meter: Measures and validates samples.
+        idle_template: Returns a sample to build IDLE batches from when this rank has
+            read none this epoch.
+        emit: Hands one finished batch (with its step info) to the trainer; may block.
+        free_slots: Free places in the queue to the trainer.
+    """
+    cfg = job.config
+    reader = _Reader(samples, len(job.view))
+    buffer = SampleBuffer(cfg.budget, cfg.window_tokens, cfg.buffer_size, cfg.age_limit)
+    windows = WindowNormalizer(cfg.grad_accum_steps, job.world_size)
+    metrics = EpochMetrics()
+    state = _RoundState(job, collate_fn, meter, idle_template, metrics)
+    read_limit: int | None = None
+    while True:
+        _fill(reader, buffer, state, read_limit)
+        can_read = (not reader.done and len(buffer) < cfg.buffer_size
+                    and (read_limit is None or reader.count < read_limit))
+        ready, waiting = buffer.plan(can_read)
+        status = RankStatus(len(ready), len(buffer), reader.done, reader.count, free_slots())
+        started = time.perf_counter()
+        rows = group.gather_status(status.to_row())
+        metrics.align_seconds += time.perf_counter() - started
+        plan = plan_round([RankStatus.from_row(r) for r in rows], policy=cfg.policy,
+                          join=cfg.join, max_steps=cfg.queue_depth, buffer_size=cfg.buffer_size)
+        if plan.failed_ranks:
+            raise PeerFailedError(f"ODB ranks {list(plan.failed_ranks)} failed; rank {job.rank} stops")
+        if plan.end:
+            break
+        read_limit = plan.read_limit
+        steps = local_steps(ready, waiting, plan.target, plan.split, cfg.budget)
+        metrics.recirculated += sum(g.size for g in ready[plan.target:])
+        metrics.max_age = max(metrics.max_age, buffer.max_age)
+        batches = state.build(buffer.take(steps.groups), steps.idle)
+        started = time.perf_counter()
+        totals = group.sum_counts([n for b in batches for n in (b[1], b[2])])
+        metrics.align_seconds += time.perf_counter() - started
+        metrics.rounds += 1
+        for i, (batch, local_samples, local_tokens, info) in enumerate(batches):
+            info = replace(info, global_samples=totals[2 * i], global_loss_tokens=totals[2 * i + 1])
+            for item, window_tokens, normalizer in windows.push((batch, info), info.global_loss_tokens):
+                emit(_attach(item, window_tokens, normalizer))
+    for item, window_tokens, normalizer in windows.flush():
+        emit(_attach(item, window_tokens, normalizer))
+    metrics.align_bytes = group.bytes_sent
+    carry = [payload[0] for *_, payload in buffer.drain()] + job.view[reader.count:]
+    return EpochResult(carry=carry if not cfg.join else [], metrics=metrics.summary())
+
+
+def _fill(reader: _Reader, buffer: SampleBuffer, state: _RoundState, read_limit: int | None) -> None:
+    while not reader.done and buffer.wants_more() and (read_limit is None or reader.count < read_limit):
+        index, sample = reader.next()
+        length, patches = state.meter(index, sample)
+        if state.template is None:
+            state.template = sample
+        if state.job.config.budget.is_oversize(length, patches):
+            state.metrics.oversize += 1
+        buffer.add(length, patches, (index, sample, length))
+
+
+def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:
+    measure = GroupMeasure()
+    for length in lengths:
+        measure = measure.plus(length)
+    return budget.fill(measure)
+
+
+def _attach(item: tuple[MutableMapping[str, Any], StepInfo], window_tokens: int,
+            normalizer: float) -> MutableMapping[str, Any]:
+    batch, info = item
+    batch[STEP_INFO_KEY] = replace(info, window_loss_tokens=window_tokens, loss_normalizer=normalizer)
+    return batch
+
+
+class _RoundState:
+    """Collates a round's groups and IDLE steps into batches with partial step info."""
+
+    def __init__(self, job: EpochJob, collate_fn: Callable[[list[Any]], Any], meter: SampleMeter,
+                 idle_template: Callable[[], Any], metrics: EpochMetrics) -> None:
+        self.job = job
+        self.collate_fn = collate_fn
+        self.meter = meter
+        self.idle_template = idle_template
+        self.metrics = metrics
+        self.template: Any = None
+        self.round = 0
+        self.step = 0
+
+    def build(self, groups: list[list[Any]], idle: int) -> list[tuple[Any, int, int, StepInfo]]:
+        """``(batch, local samples, local loss tokens, info)`` per step, real ones first."""
+        out = []
+        for payloads in groups:
+            lengths = [length for _, _, length in payloads]
+            self.metrics.record_group(lengths, _group_fill(self.job.config.budget, lengths))
+            batch = self._collate([sample for _, sample, _ in payloads])
+            out.append(self._step(batch, tuple(index for index, _, _ in payloads), idle=False))
+        for _ in range(idle):
+            self.metrics.steps += 1
+            self.metrics.idle_steps += 1
+            out.append(self._step(self._idle_batch(), (), idle=True))
+        self.round += 1
+        return out
+
+    def _step(self, batch: MutableMapping[str, Any], ids: tuple[int, ...], idle: bool
+              ) -> tuple[Any, int, int, StepInfo]:
+        cfg = self.job.config
+        tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
+        info = StepInfo(epoch=self.job.epoch, step=self.step, round=self.round, idle=idle,
+                        sample_ids=ids, local_samples=len(ids), global_samples=0,
+                        local_loss_tokens=tokens, global_loss_tokens=0, window_loss_tokens=0,
+                        loss_normalizer=1.0, world_size=self.job.world_size, rank=self.job.rank)
+        self.step += 1
+        return batch, len(ids), tokens, info
+
+    def _collate(self, samples: list[Any]) -> MutableMapping[str, Any]:
+        batch = self.collate_fn(samples)
+        if not isinstance(batch, MutableMapping):
+            raise TypeError(f"collate_fn returned a {type(batch).__name__}; ODB needs a dict "
+                            "batch so it can attach and pop the step info")
+        return batch
+
+    def _idle_batch(self) -> MutableMapping[str, Any]:
+        if self.template is None:
+            self.template = self.idle_template()
+        batch = self._collate([self.template])
+        cfg = self.job.config
+        labels = batch.get(cfg.label_key)
+        if not isinstance(labels, torch.Tensor):
+            raise ValueError(f"collate_fn output has no tensor {cfg.label_key!r}; IDLE steps mask "
+                             "the labels to contribute zero loss. Set label_key")
+        batch[cfg.label_key] = torch.full_like(labels, cfg.ignore_index)
+        return batch

@@ -1,0 +1,183 @@
+"""``ODBLoader``: online dynamic batching over a map-style dataset, DDP-aligned.
+
+The loader is what a training loop iterates. Each ``iter()`` is one epoch: it deals the
+seeded epoch order into per-rank views, starts this rank's collate side (process or
+thread, :mod:`odb.runner`) and yields its aligned batches, each carrying a
+:class:`~odb.step_info.StepInfo`. Every rank yields the same number of batches per
+epoch. Construction is collective when ``torch.distributed`` is initialised: every
+rank must build its loaders in the same order.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from odb.collate import PadCollate
+from odb.comm import open_rendezvous
+from odb.config import ODBConfig
+from odb.engine import EpochJob, SampleMeter
+from odb.runner import CollateRunner, CollateSpec
+from odb.sharding import rank_view
+from odb.step_info import STEP_INFO_KEY
+
+
+class ODBLoader:
+    """Token-budgeted, variable-size batches formed after preprocessing.
+
+    Args:
+        dataset: Map-style dataset; item ``i`` is one model-ready sample (a dict).
+        token_budget: Shorthand for ``ODBConfig.token_budget`` (give this or ``config``).
+        collate_fn: Turns a list of samples into a dict batch; default
+            :class:`odb.collate.PadCollate`.
+        length_fn: A sample's length; default ``len(sample[config.length_key])``.
+        patches_fn: A sample's visual patches, for ``max_patches``.
+        config: A full :class:`ODBConfig`.
+        **options: Any other ``ODBConfig`` field, when ``config`` is not given.
+
+    Example:
+        >>> loader = ODBLoader(dataset, token_budget=8192, num_workers=2)  # doctest: +SKIP
+        >>> for batch in loader:                                           # doctest: +SKIP
+        ...     info = odb.pop_step_info(batch)
+        ...     loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
+    """
+
+    def __init__(self, dataset: Any, token_budget: int | None = None, *,
+                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 length_fn: Callable[[Any], int] | None = None,
+                 patches_fn: Callable[[Any], int] | None = None,
+                 config: ODBConfig | None = None, **options: Any) -> None:
+        self.config = _resolve_config(token_budget, config, options)
+        _check_dataset(dataset)
+        self.dataset = dataset
+        collate_fn = collate_fn if collate_fn is not None else PadCollate(
+            ignore_index=self.config.ignore_index)
+        for name, fn in (("collate_fn", collate_fn), ("length_fn", length_fn),
+                         ("patches_fn", patches_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        self._spec = CollateSpec(dataset, collate_fn, SampleMeter(self.config, length_fn, patches_fn))
+        if self.config.collate_mode == "process":
+            _check_picklable(self._spec)
+        self._rendezvous, self._store_host = open_rendezvous(
+            self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s)
+        self.rank = 0 if self._rendezvous is None else self._rendezvous.rank
+        self.world_size = 1 if self._rendezvous is None else self._rendezvous.world_size
+        self.epoch = 0
+        self._iterations = 0
+        self._carry: list[int] = []
+        self._last_stats: dict[str, float | int] = {}
+        self._emitted_global = 0
+        self._epoch_total = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose seeded order the next ``iter()`` uses (call on every rank)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        raise TypeError("ODBLoader has no fixed length: steps per epoch depend on the realised "
+                        "sample lengths. Use progress() or estimate_steps() for schedulers")
+
+    def progress(self) -> float:
+        """Exact fraction of this epoch's samples (over all ranks) emitted so far."""
+        return self._emitted_global / self._epoch_total if self._epoch_total else 0.0
+
+    def stats(self) -> dict[str, float | int]:
+        """Metrics of the last finished epoch, plus the trainer's data-wait time."""
+        return dict(self._last_stats)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        cfg = self.config
+        view = self._carry + rank_view(len(self.dataset), self.rank, self.world_size,
+                                       seed=cfg.seed, epoch=self.epoch, shuffle=cfg.shuffle)
+        self._carry = []
+        self._epoch_total = len(self.dataset)  # carried samples are counted by their first epoch
+        self._emitted_global = 0
+        self._iterations += 1
+        job = EpochJob(cfg, self.epoch, self.rank, self.world_size, view)
+        runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
+        return self._drive(runner)
+
+    def _drive(self, runner: CollateRunner) -> Iterator[dict[str, Any]]:
+        wait_s = 0.0
+        try:
+            while True:
+                started = time.perf_counter()
+                batch = runner.next_batch()
+                wait_s += time.perf_counter() - started
+                if batch is None:
+                    break
+                self._emitted_global += batch[STEP_INFO_KEY].global_samples
+                yield batch
+        finally:
+            runner.close()
+        assert runner.result is not None
+        self._carry = list(runner.result.carry)
+        self._last_stats = dict(runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch,
+                                carried=len(self._carry))
+
+
+def _resolve_config(token_budget: int | None, config: ODBConfig | None,
+                    options: dict[str, Any]) -> ODBConfig:
+    if config is not None:
+        if token_budget is not None or options:
+            raise ValueError("give either config=ODBConfig(...) or token_budget/options, not both")
+        if not isinstance(config, ODBConfig):
+            raise TypeError(f"config must be an ODBConfig, got {type(config).__name__}")
+        return config
+    if token_budget is None:
+        raise ValueError("token_budget is required (the most tokens one group may cost), "
+                         "e.g. ODBLoader(dataset, token_budget=8192)")
+    try:
+        return ODBConfig(token_budget=token_budget, **options)
+    except TypeError as exc:
+        if "unexpected keyword" in str(exc):
+            raise TypeError(f"{exc}; valid options are the fields of odb.ODBConfig") from None
+        raise
+
+
+def _check_dataset(dataset: Any) -> None:
+    if isinstance(dataset, IterableDataset):
+        raise TypeError("ODBLoader takes a map-style dataset (with __len__ and __getitem__); "
+                        "streaming IterableDataset support is tracked separately")
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(f"dataset must be map-style (__len__ and __getitem__), got "
+                        f"{type(dataset).__name__}")
+
+
+def _check_picklable(spec: CollateSpec) -> None:
+    try:
+        pickle.dumps(spec)
+    except Exception as exc:
+        raise TypeError(f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
+                        f"a collate process, but they cannot be pickled ({exc}). Use module-level "
+                        "functions instead of lambdas/closures, or collate_mode='thread'") from exc
+
+
+def wrap(dataloader: DataLoader, token_budget: int | None = None, **options: Any) -> ODBLoader:
+    """Build an :class:`ODBLoader` from a framework-owned ``DataLoader``.
+
+    The DataLoader must yield single samples (``batch_size=1`` or ``None``); its dataset,
+    ``num_workers`` and ``prefetch_factor`` carry over. Its ``collate_fn`` is made for
+    fixed batches and is not reused: pass ``collate_fn`` for groups (default
+    :class:`odb.collate.PadCollate`).
+
+    Raises:
+        ValueError: The loader batches samples itself (``batch_size`` > 1).
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"wrap expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    if dataloader.batch_size not in (None, 1):
+        raise ValueError(f"wrap needs a DataLoader with batch_size=1 (got batch_size="
+                         f"{dataloader.batch_size}): ODB forms the batches itself from single "
+                         "samples. Build the DataLoader with batch_size=1")
+    options.setdefault("num_workers", dataloader.num_workers)
+    if dataloader.num_workers > 0:
+        options.setdefault("prefetch_factor", dataloader.prefetch_factor)
+    return ODBLoader(dataloader.dataset, token_budget, **options)

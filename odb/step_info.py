@@ -1,0 +1,77 @@
+"""Per-step metadata that travels with every batch, and the boundary that removes it.
+
+Every batch an ODB loader (or a baseline loader) yields is a dict that carries one
+:class:`StepInfo` under :data:`STEP_INFO_KEY`. The training loop pops it with
+:func:`pop_step_info` before ``model(**batch)``, so the model never sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+STEP_INFO_KEY = "odb_step_info"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one aligned step is, identical in shape on every rank.
+
+    Attributes:
+        epoch: Epoch the step belongs to.
+        step: Index of the step within the epoch (the same on every rank).
+        round: Alignment round that produced the step.
+        idle: True for an IDLE step: a real one-sample batch whose labels are all
+            masked, so it contributes zero gradient while collectives still fire.
+        sample_ids: Dataset indices of the samples in this batch (empty when idle).
+        local_samples: Samples in this rank's batch (0 when idle).
+        global_samples: Samples in this step over all ranks.
+        local_loss_tokens: Labels that carry loss in this rank's batch (after the
+            causal shift when configured).
+        global_loss_tokens: The same, summed over all ranks.
+        window_loss_tokens: Global loss tokens of the whole gradient-accumulation
+            window this step belongs to.
+        loss_normalizer: ``max(window_loss_tokens, 1) / world_size``. Summing the
+            token losses of the batch and dividing by this gives, after DDP's gradient
+            averaging over ``world_size`` ranks, the gradient of the global per-token
+            mean loss of the window. Pass it to HF models as ``num_items_in_batch``.
+        world_size: Ranks taking part.
+        rank: This rank.
+    """
+
+    epoch: int
+    step: int
+    round: int
+    idle: bool
+    sample_ids: tuple[int, ...]
+    local_samples: int
+    global_samples: int
+    local_loss_tokens: int
+    global_loss_tokens: int
+    window_loss_tokens: int
+    loss_normalizer: float
+    world_size: int
+    rank: int
+
+
+def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
+    """Remove and return the step info of a batch yielded by an ODB loader.
+
+    Example:
+        >>> for batch in loader:                                  # doctest: +SKIP
+        ...     info = pop_step_info(batch)
+        ...     loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
+
+    Raises:
+        TypeError: ``batch`` is not a mutable mapping.
+        KeyError: ``batch`` carries no step info (it did not come from an ODB loader,
+            or the info was popped already).
+    """
+    if not isinstance(batch, MutableMapping):
+        raise TypeError(f"pop_step_info expects the dict batch an ODB loader yields, "
+                        f"got {type(batch).__name__}")
+    if STEP_INFO_KEY not in batch:
+        raise KeyError(f"batch has no {STEP_INFO_KEY!r}: it did not come from an ODB "
+                       "loader, or pop_step_info was already called on it")
+    return batch.pop(STEP_INFO_KEY)
