@@ -151,8 +151,10 @@ def run_epoch(
         started = time.perf_counter()
         rows = group.gather_status(status.to_row())
         metrics.align_seconds += time.perf_counter() - started
-        plan = plan_round([RankStatus.from_row(r) for r in rows], policy=cfg.policy,
-                          join=cfg.join, max_steps=cfg.queue_depth, buffer_size=cfg.buffer_size)
+        statuses = [RankStatus.from_row(r) for r in rows]
+        plan = plan_round(statuses, policy=cfg.policy, join=cfg.join,
+                          max_steps=cfg.queue_depth, buffer_size=cfg.buffer_size)
+        metrics.record_tail(statuses, plan.end)
         if plan.failed_ranks:
             raise PeerFailedError(f"ODB ranks {list(plan.failed_ranks)} failed; rank {job.rank} stops")
         if plan.end:

@@ -203,7 +203,7 @@ def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int)
     def rank(g: Group) -> tuple[int, int, int]:
         oldest = max(item.age for item in g.items)
         if oldest >= age_limit:
-            return (0, oldest, min(g.keys))
+            return (0, -oldest, min(g.keys))
         # Compare exact integer cost, not float fill: same order (one max_tokens), and
         # no rounding can make two ranks disagree.
         return (1 if g.complete else 2, -budget.cost(g.measure), min(g.keys))

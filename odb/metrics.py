@@ -7,7 +7,10 @@ into one flat dict of plain numbers (JSON-ready).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+
+from odb.alignment import RankStatus
 
 
 @dataclass
@@ -27,7 +30,21 @@ class EpochMetrics:
     rounds: int = 0
     align_seconds: float = 0.0
     align_bytes: int = 0
+    tail_rounds: int = 0
+    tail_start_buffered: int = 0
     group_sizes: dict[int, int] = field(default_factory=dict)
+
+    def record_tail(self, statuses: Sequence[RankStatus], end: bool) -> None:
+        """Count rounds after every rank has read its whole view (the termination tail).
+
+        ``tail_start_buffered`` is the most samples any rank held when the tail began;
+        the protocol bounds ``tail_rounds <= tail_start_buffered`` (docs/protocol.md).
+        """
+        if end or not all(s.read_done for s in statuses):
+            return
+        if self.tail_rounds == 0:
+            self.tail_start_buffered = max(s.buffered for s in statuses)
+        self.tail_rounds += 1
 
     def record_group(self, lengths: list[int], fill: float) -> None:
         self.steps += 1
