@@ -25,8 +25,9 @@ class PadCollate:
         sequence_keys: Fields padded to the longest sample (others are concatenated).
 
     Example:
-        >>> batch = PadCollate()([{"input_ids": torch.tensor([1, 2]), "labels": torch.tensor([1, 2])},
-        ...                       {"input_ids": torch.tensor([3]), "labels": torch.tensor([3])}])
+        >>> a = {"input_ids": torch.tensor([1, 2]), "labels": torch.tensor([1, 2])}
+        >>> b = {"input_ids": torch.tensor([3]), "labels": torch.tensor([3])}
+        >>> batch = PadCollate()([a, b])
         >>> batch["input_ids"].tolist(), batch["attention_mask"].tolist()
         ([[1, 2], [3, 0]], [[1, 1], [1, 0]])
     """
@@ -52,7 +53,8 @@ class PadCollate:
             lengths = [len(s["input_ids"]) for s in samples]
             width = batch["input_ids"].shape[1]
             batch["attention_mask"] = torch.tensor(
-                [[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long)
+                [[1] * n + [0] * (width - n) for n in lengths], dtype=torch.long
+            )
         return batch
 
     def _pad(self, key: str, values: list[torch.Tensor]) -> torch.Tensor:

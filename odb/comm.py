@@ -37,8 +37,13 @@ class StoreHost:
 
     def __init__(self, host: str, timeout_s: float) -> None:
         self.host = host
-        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s))
+        self.store = dist.TCPStore(
+            host,
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         self.port = self.store.port
 
 
@@ -49,8 +54,9 @@ def trainer_world() -> tuple[int, int]:
     return 0, 1
 
 
-def open_rendezvous(host: str | None, init_timeout_s: float, align_timeout_s: float
-                    ) -> tuple[Rendezvous | None, StoreHost | None]:
+def open_rendezvous(
+    host: str | None, init_timeout_s: float, align_timeout_s: float
+) -> tuple[Rendezvous | None, StoreHost | None]:
     """Create the loader's rendezvous; collective over the trainer's group.
 
     Every rank must call this the same number of times, in the same order (as every
@@ -84,16 +90,24 @@ class AlignmentGroup:
         if rendezvous is None:
             return
         try:
-            store = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False,
-                                  timeout=datetime.timedelta(seconds=rendezvous.init_timeout_s))
+            store = dist.TCPStore(
+                rendezvous.host,
+                rendezvous.port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=rendezvous.init_timeout_s),
+            )
             self._pg = dist.ProcessGroupGloo(
-                dist.PrefixStore(prefix, store), rendezvous.rank, rendezvous.world_size,
-                datetime.timedelta(seconds=rendezvous.align_timeout_s))
+                dist.PrefixStore(prefix, store),
+                rendezvous.rank,
+                rendezvous.world_size,
+                datetime.timedelta(seconds=rendezvous.align_timeout_s),
+            )
         except RuntimeError as exc:
             raise RuntimeError(
                 f"ODB alignment group: rank {rendezvous.rank} could not meet its peers at "
                 f"{rendezvous.host}:{rendezvous.port} within init_timeout_s="
-                f"{rendezvous.init_timeout_s}: {exc}") from exc
+                f"{rendezvous.init_timeout_s}: {exc}"
+            ) from exc
 
     @property
     def world_size(self) -> int:
@@ -129,7 +143,8 @@ class AlignmentGroup:
                 f"ODB alignment {what} failed on rank {self.rendezvous.rank}: a peer rank "
                 f"died, raised, or was slower than align_timeout_s="
                 f"{self.rendezvous.align_timeout_s} s (raise it if a rank's preprocessing "
-                f"or step can legitimately take longer). Gloo said: {exc}") from exc
+                f"or step can legitimately take longer). Gloo said: {exc}"
+            ) from exc
 
 
 class AlignmentTimeoutError(RuntimeError):

@@ -112,7 +112,7 @@ class ODBConfig:
 
     def __post_init__(self) -> None:
         _check_int("token_budget", self.token_budget, 1)
-        self.budget  # validates cost_model and max_patches through TokenBudget
+        _ = self.budget  # validates cost_model and max_patches through TokenBudget
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("collate_mode", self.collate_mode, COLLATE_MODES)
         _check_choice("oversize", self.oversize, OVERSIZE_RULES)

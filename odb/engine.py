@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from odb.alignment import RankStatus, local_steps, plan_round
-from odb.buffer import SampleBuffer
+from odb.alignment import RankStatus
 from odb.budget import GroupMeasure, TokenBudget
 from odb.comm import AlignmentGroup
 from odb.config import ODBConfig
 from odb.loss import WindowNormalizer, count_loss_tokens
 from odb.metrics import EpochMetrics
+from odb.rounds import RankRounds
 from odb.step_info import STEP_INFO_KEY, StepInfo
 
 LengthFn = Callable[[Any], int]
@@ -49,18 +49,24 @@ class SampleMeter:
 
     def __call__(self, index: int, sample: Any) -> tuple[int, int]:
         if not isinstance(sample, Mapping):
-            raise TypeError(f"sample {index} is a {type(sample).__name__}; ODB needs each "
-                            "dataset item to be a dict of fields (one sample, not a batch)")
+            raise TypeError(
+                f"sample {index} is a {type(sample).__name__}; ODB needs each "
+                "dataset item to be a dict of fields (one sample, not a batch)"
+            )
         length = self._length(index, sample)
         patches = int(self.patches_fn(sample)) if self.patches_fn is not None else 0
         if length <= 0:
-            raise ValueError(f"sample {index} has length {length}; ODB refuses empty samples "
-                             "instead of dropping them silently. Filter them out of the dataset")
+            raise ValueError(
+                f"sample {index} has length {length}; ODB refuses empty samples "
+                "instead of dropping them silently. Filter them out of the dataset"
+            )
         budget = self.config.budget
         if self.config.oversize == "error" and budget.is_oversize(length, patches):
-            raise ValueError(f"sample {index} (length {length}, patches {patches}) exceeds "
-                             f"token_budget={budget.max_tokens} on its own; raise the budget, "
-                             "truncate the sample, or set oversize='singleton'")
+            raise ValueError(
+                f"sample {index} (length {length}, patches {patches}) exceeds "
+                f"token_budget={budget.max_tokens} on its own; raise the budget, "
+                "truncate the sample, or set oversize='singleton'"
+            )
         return length, patches
 
     def _length(self, index: int, sample: Mapping[str, Any]) -> int:
@@ -68,8 +74,10 @@ class SampleMeter:
             return int(self.length_fn(sample))
         key = self.config.length_key
         if key not in sample:
-            raise ValueError(f"sample {index} has no {key!r} (fields: {sorted(sample)}); pass "
-                             "length_fn or set length_key to the field that holds the tokens")
+            raise ValueError(
+                f"sample {index} has no {key!r} (fields: {sorted(sample)}); pass "
+                "length_fn or set length_key to the field that holds the tokens"
+            )
         value = sample[key]
         return int(value.shape[-1]) if hasattr(value, "shape") else len(value)
 
@@ -91,25 +99,6 @@ class EpochResult:
 
     carry: list[int]
     metrics: dict[str, float | int]
-
-
-class _Reader:
-    """Reads the view's samples in order and counts them."""
-
-    def __init__(self, samples: Iterator[tuple[int, Any]], total: int) -> None:
-        self._samples = samples
-        self.total = total
-        self.count = 0
-        self.unread: list[int] = []
-
-    @property
-    def done(self) -> bool:
-        return self.count >= self.total
-
-    def next(self) -> tuple[int, Any]:
-        index, sample = next(self._samples)
-        self.count += 1
-        return index, sample
 
 
 def run_epoch(
@@ -136,58 +125,45 @@ def run_epoch(
         free_slots: Free places in the queue to the trainer.
     """
     cfg = job.config
-    reader = _Reader(samples, len(job.view))
-    buffer = SampleBuffer(cfg.budget, cfg.window_tokens, cfg.buffer_size, cfg.age_limit)
+    rounds = RankRounds(cfg, len(job.view))
     windows = WindowNormalizer(cfg.grad_accum_steps, job.world_size)
     metrics = EpochMetrics()
     state = _RoundState(job, collate_fn, meter, idle_template, metrics)
-    read_limit: int | None = None
     while True:
-        _fill(reader, buffer, state, read_limit)
-        can_read = (not reader.done and len(buffer) < cfg.buffer_size
-                    and (read_limit is None or reader.count < read_limit))
-        ready, waiting = buffer.plan(can_read)
-        status = RankStatus(len(ready), len(buffer), reader.done, reader.count, free_slots())
+        while rounds.wants_read():
+            index, sample = next(samples)
+            state.read(rounds, index, sample)
+        status = rounds.status(free_slots())
+        metrics.max_age = max(metrics.max_age, rounds.buffer.max_age)
         started = time.perf_counter()
         rows = group.gather_status(status.to_row())
         metrics.align_seconds += time.perf_counter() - started
         statuses = [RankStatus.from_row(r) for r in rows]
-        plan = plan_round(statuses, policy=cfg.policy, join=cfg.join,
-                          max_steps=cfg.queue_depth, buffer_size=cfg.buffer_size)
-        metrics.record_tail(statuses, plan.end)
-        if plan.failed_ranks:
-            raise PeerFailedError(f"ODB ranks {list(plan.failed_ranks)} failed; rank {job.rank} stops")
-        if plan.end:
+        outcome = rounds.decide(statuses)
+        metrics.record_tail(statuses, outcome.plan.end)
+        if outcome.plan.failed_ranks:
+            raise PeerFailedError(
+                f"ODB ranks {list(outcome.plan.failed_ranks)} failed; rank {job.rank} stops"
+            )
+        if outcome.plan.end:
             break
-        read_limit = plan.read_limit
-        steps = local_steps(ready, waiting, plan.target, plan.split, cfg.budget)
-        metrics.recirculated += sum(g.size for g in ready[plan.target:])
-        metrics.max_age = max(metrics.max_age, buffer.max_age)
-        batches = state.build(buffer.take(steps.groups), steps.idle)
+        batches = state.build(outcome.payloads, outcome.steps.idle)
         started = time.perf_counter()
         totals = group.sum_counts([n for b in batches for n in (b[1], b[2])])
         metrics.align_seconds += time.perf_counter() - started
         metrics.rounds += 1
-        for i, (batch, local_samples, local_tokens, info) in enumerate(batches):
+        for i, (batch, _, _, info) in enumerate(batches):
             info = replace(info, global_samples=totals[2 * i], global_loss_tokens=totals[2 * i + 1])
-            for item, window_tokens, normalizer in windows.push((batch, info), info.global_loss_tokens):
+            for item, window_tokens, normalizer in windows.push(
+                (batch, info), info.global_loss_tokens
+            ):
                 emit(_attach(item, window_tokens, normalizer))
     for item, window_tokens, normalizer in windows.flush():
         emit(_attach(item, window_tokens, normalizer))
     metrics.align_bytes = group.bytes_sent
-    carry = [payload[0] for *_, payload in buffer.drain()] + job.view[reader.count:]
-    return EpochResult(carry=carry if not cfg.join else [], metrics=metrics.summary())
-
-
-def _fill(reader: _Reader, buffer: SampleBuffer, state: _RoundState, read_limit: int | None) -> None:
-    while not reader.done and buffer.wants_more() and (read_limit is None or reader.count < read_limit):
-        index, sample = reader.next()
-        length, patches = state.meter(index, sample)
-        if state.template is None:
-            state.template = sample
-        if state.job.config.budget.is_oversize(length, patches):
-            state.metrics.oversize += 1
-        buffer.add(length, patches, (index, sample, length))
+    metrics.recirculated = rounds.recirculated
+    carry = [index for index, _, _ in rounds.leftover()] + job.view[rounds.read_count :]
+    return EpochResult(carry=[] if cfg.join else carry, metrics=metrics.summary())
 
 
 def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:
@@ -197,18 +173,27 @@ def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:
     return budget.fill(measure)
 
 
-def _attach(item: tuple[MutableMapping[str, Any], StepInfo], window_tokens: int,
-            normalizer: float) -> MutableMapping[str, Any]:
+def _attach(
+    item: tuple[MutableMapping[str, Any], StepInfo], window_tokens: int, normalizer: float
+) -> MutableMapping[str, Any]:
     batch, info = item
-    batch[STEP_INFO_KEY] = replace(info, window_loss_tokens=window_tokens, loss_normalizer=normalizer)
+    batch[STEP_INFO_KEY] = replace(
+        info, window_loss_tokens=window_tokens, loss_normalizer=normalizer
+    )
     return batch
 
 
 class _RoundState:
     """Collates a round's groups and IDLE steps into batches with partial step info."""
 
-    def __init__(self, job: EpochJob, collate_fn: Callable[[list[Any]], Any], meter: SampleMeter,
-                 idle_template: Callable[[], Any], metrics: EpochMetrics) -> None:
+    def __init__(
+        self,
+        job: EpochJob,
+        collate_fn: Callable[[list[Any]], Any],
+        meter: SampleMeter,
+        idle_template: Callable[[], Any],
+        metrics: EpochMetrics,
+    ) -> None:
         self.job = job
         self.collate_fn = collate_fn
         self.meter = meter
@@ -217,6 +202,15 @@ class _RoundState:
         self.template: Any = None
         self.round = 0
         self.step = 0
+
+    def read(self, rounds: RankRounds, index: int, sample: Any) -> None:
+        """Measure, validate and buffer one sample read from the view."""
+        length, patches = self.meter(index, sample)
+        if self.template is None:
+            self.template = sample
+        if self.job.config.budget.is_oversize(length, patches):
+            self.metrics.oversize += 1
+        rounds.add(length, patches, (index, sample, length))
 
     def build(self, groups: list[list[Any]], idle: int) -> list[tuple[Any, int, int, StepInfo]]:
         """``(batch, local samples, local loss tokens, info)`` per step, real ones first."""
@@ -233,22 +227,36 @@ class _RoundState:
         self.round += 1
         return out
 
-    def _step(self, batch: MutableMapping[str, Any], ids: tuple[int, ...], idle: bool
-              ) -> tuple[Any, int, int, StepInfo]:
+    def _step(
+        self, batch: MutableMapping[str, Any], ids: tuple[int, ...], idle: bool
+    ) -> tuple[Any, int, int, StepInfo]:
         cfg = self.job.config
         tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
-        info = StepInfo(epoch=self.job.epoch, step=self.step, round=self.round, idle=idle,
-                        sample_ids=ids, local_samples=len(ids), global_samples=0,
-                        local_loss_tokens=tokens, global_loss_tokens=0, window_loss_tokens=0,
-                        loss_normalizer=1.0, world_size=self.job.world_size, rank=self.job.rank)
+        info = StepInfo(
+            epoch=self.job.epoch,
+            step=self.step,
+            round=self.round,
+            idle=idle,
+            sample_ids=ids,
+            local_samples=len(ids),
+            global_samples=0,
+            local_loss_tokens=tokens,
+            global_loss_tokens=0,
+            window_loss_tokens=0,
+            loss_normalizer=1.0,
+            world_size=self.job.world_size,
+            rank=self.job.rank,
+        )
         self.step += 1
         return batch, len(ids), tokens, info
 
     def _collate(self, samples: list[Any]) -> MutableMapping[str, Any]:
         batch = self.collate_fn(samples)
         if not isinstance(batch, MutableMapping):
-            raise TypeError(f"collate_fn returned a {type(batch).__name__}; ODB needs a dict "
-                            "batch so it can attach and pop the step info")
+            raise TypeError(
+                f"collate_fn returned a {type(batch).__name__}; ODB needs a dict "
+                "batch so it can attach and pop the step info"
+            )
         return batch
 
     def _idle_batch(self) -> MutableMapping[str, Any]:
@@ -258,7 +266,9 @@ class _RoundState:
         cfg = self.job.config
         labels = batch.get(cfg.label_key)
         if not isinstance(labels, torch.Tensor):
-            raise ValueError(f"collate_fn output has no tensor {cfg.label_key!r}; IDLE steps mask "
-                             "the labels to contribute zero loss. Set label_key")
+            raise ValueError(
+                f"collate_fn output has no tensor {cfg.label_key!r}; IDLE steps mask "
+                "the labels to contribute zero loss. Set label_key"
+            )
         batch[cfg.label_key] = torch.full_like(labels, cfg.ignore_index)
         return batch

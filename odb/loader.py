@@ -46,25 +46,40 @@ class ODBLoader:
         ...     loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
     """
 
-    def __init__(self, dataset: Any, token_budget: int | None = None, *,
-                 collate_fn: Callable[[list[Any]], Any] | None = None,
-                 length_fn: Callable[[Any], int] | None = None,
-                 patches_fn: Callable[[Any], int] | None = None,
-                 config: ODBConfig | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        token_budget: int | None = None,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        length_fn: Callable[[Any], int] | None = None,
+        patches_fn: Callable[[Any], int] | None = None,
+        config: ODBConfig | None = None,
+        **options: Any,
+    ) -> None:
         self.config = _resolve_config(token_budget, config, options)
         _check_dataset(dataset)
         self.dataset = dataset
-        collate_fn = collate_fn if collate_fn is not None else PadCollate(
-            ignore_index=self.config.ignore_index)
-        for name, fn in (("collate_fn", collate_fn), ("length_fn", length_fn),
-                         ("patches_fn", patches_fn)):
+        collate_fn = (
+            collate_fn
+            if collate_fn is not None
+            else PadCollate(ignore_index=self.config.ignore_index)
+        )
+        for name, fn in (
+            ("collate_fn", collate_fn),
+            ("length_fn", length_fn),
+            ("patches_fn", patches_fn),
+        ):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-        self._spec = CollateSpec(dataset, collate_fn, SampleMeter(self.config, length_fn, patches_fn))
+        self._spec = CollateSpec(
+            dataset, collate_fn, SampleMeter(self.config, length_fn, patches_fn)
+        )
         if self.config.collate_mode == "process":
             _check_picklable(self._spec)
         self._rendezvous, self._store_host = open_rendezvous(
-            self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s)
+            self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s
+        )
         self.rank = 0 if self._rendezvous is None else self._rendezvous.rank
         self.world_size = 1 if self._rendezvous is None else self._rendezvous.world_size
         self.epoch = 0
@@ -81,8 +96,10 @@ class ODBLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        raise TypeError("ODBLoader has no fixed length: steps per epoch depend on the realised "
-                        "sample lengths. Use progress() or estimate_steps() for schedulers")
+        raise TypeError(
+            "ODBLoader has no fixed length: steps per epoch depend on the realised "
+            "sample lengths. Use progress() or estimate_steps() for schedulers"
+        )
 
     def progress(self) -> float:
         """Exact fraction of this epoch's samples (over all ranks) emitted so far."""
@@ -94,8 +111,14 @@ class ODBLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cfg = self.config
-        view = self._carry + rank_view(len(self.dataset), self.rank, self.world_size,
-                                       seed=cfg.seed, epoch=self.epoch, shuffle=cfg.shuffle)
+        view = self._carry + rank_view(
+            len(self.dataset),
+            self.rank,
+            self.world_size,
+            seed=cfg.seed,
+            epoch=self.epoch,
+            shuffle=cfg.shuffle,
+        )
         self._carry = []
         self._epoch_total = len(self.dataset)  # carried samples are counted by their first epoch
         self._emitted_global = 0
@@ -119,12 +142,14 @@ class ODBLoader:
             runner.close()
         assert runner.result is not None
         self._carry = list(runner.result.carry)
-        self._last_stats = dict(runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch,
-                                carried=len(self._carry))
+        self._last_stats = dict(
+            runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(self._carry)
+        )
 
 
-def _resolve_config(token_budget: int | None, config: ODBConfig | None,
-                    options: dict[str, Any]) -> ODBConfig:
+def _resolve_config(
+    token_budget: int | None, config: ODBConfig | None, options: dict[str, Any]
+) -> ODBConfig:
     if config is not None:
         if token_budget is not None or options:
             raise ValueError("give either config=ODBConfig(...) or token_budget/options, not both")
@@ -132,8 +157,10 @@ def _resolve_config(token_budget: int | None, config: ODBConfig | None,
             raise TypeError(f"config must be an ODBConfig, got {type(config).__name__}")
         return config
     if token_budget is None:
-        raise ValueError("token_budget is required (the most tokens one group may cost), "
-                         "e.g. ODBLoader(dataset, token_budget=8192)")
+        raise ValueError(
+            "token_budget is required (the most tokens one group may cost), "
+            "e.g. ODBLoader(dataset, token_budget=8192)"
+        )
     try:
         return ODBConfig(token_budget=token_budget, **options)
     except TypeError as exc:
@@ -144,20 +171,25 @@ def _resolve_config(token_budget: int | None, config: ODBConfig | None,
 
 def _check_dataset(dataset: Any) -> None:
     if isinstance(dataset, IterableDataset):
-        raise TypeError("ODBLoader takes a map-style dataset (with __len__ and __getitem__); "
-                        "streaming IterableDataset support is tracked separately")
+        raise TypeError(
+            "ODBLoader takes a map-style dataset (with __len__ and __getitem__); "
+            "streaming IterableDataset support is tracked separately"
+        )
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise TypeError(f"dataset must be map-style (__len__ and __getitem__), got "
-                        f"{type(dataset).__name__}")
+        raise TypeError(
+            f"dataset must be map-style (__len__ and __getitem__), got {type(dataset).__name__}"
+        )
 
 
 def _check_picklable(spec: CollateSpec) -> None:
     try:
         pickle.dumps(spec)
     except Exception as exc:
-        raise TypeError(f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
-                        f"a collate process, but they cannot be pickled ({exc}). Use module-level "
-                        "functions instead of lambdas/closures, or collate_mode='thread'") from exc
+        raise TypeError(
+            f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
+            f"a collate process, but they cannot be pickled ({exc}). Use module-level "
+            "functions instead of lambdas/closures, or collate_mode='thread'"
+        ) from exc
 
 
 def wrap(dataloader: DataLoader, token_budget: int | None = None, **options: Any) -> ODBLoader:
@@ -172,11 +204,15 @@ def wrap(dataloader: DataLoader, token_budget: int | None = None, **options: Any
         ValueError: The loader batches samples itself (``batch_size`` > 1).
     """
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"wrap expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+        raise TypeError(
+            f"wrap expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
+        )
     if dataloader.batch_size not in (None, 1):
-        raise ValueError(f"wrap needs a DataLoader with batch_size=1 (got batch_size="
-                         f"{dataloader.batch_size}): ODB forms the batches itself from single "
-                         "samples. Build the DataLoader with batch_size=1")
+        raise ValueError(
+            f"wrap needs a DataLoader with batch_size=1 (got batch_size="
+            f"{dataloader.batch_size}): ODB forms the batches itself from single "
+            "samples. Build the DataLoader with batch_size=1"
+        )
     options.setdefault("num_workers", dataloader.num_workers)
     if dataloader.num_workers > 0:
         options.setdefault("prefetch_factor", dataloader.prefetch_factor)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def count_loss_tokens(batch: Mapping[str, Any], label_key: str, ignore_index: int,
-                      shift: bool) -> int:
+def count_loss_tokens(
+    batch: Mapping[str, Any], label_key: str, ignore_index: int, shift: bool
+) -> int:
     """Labels that carry loss in a collated batch.
 
     Args:
@@ -29,9 +30,11 @@ def count_loss_tokens(batch: Mapping[str, Any], label_key: str, ignore_index: in
         ValueError: The batch has no labels under ``label_key``.
     """
     if label_key not in batch:
-        raise ValueError(f"collated batch has no {label_key!r}; ODB counts loss tokens from "
-                         f"the labels (keys present: {sorted(batch)}). Set label_key to the "
-                         "field that holds them")
+        raise ValueError(
+            f"collated batch has no {label_key!r}; ODB counts loss tokens from "
+            f"the labels (keys present: {sorted(batch)}). Set label_key to the "
+            "field that holds them"
+        )
     labels = batch[label_key]
     if shift:
         labels = labels[..., 1:]

@@ -59,7 +59,9 @@ class EpochMetrics:
         """Flat numbers, including the derived ratios."""
         out = {k: v for k, v in asdict(self).items() if k not in ("group_sizes", "fill_sum")}
         real_steps = self.steps - self.idle_steps
-        out["padding_efficiency"] = self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+        out["padding_efficiency"] = (
+            self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+        )
         out["budget_fill"] = self.fill_sum / real_steps if real_steps else 0.0
         out["idle_fraction"] = self.idle_steps / self.steps if self.steps else 0.0
         out["mean_group_size"] = self.samples / real_steps if real_steps else 0.0

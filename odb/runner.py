@@ -71,9 +71,14 @@ def _null_collate(item: Any) -> Any:
 
 def _samples(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
     cfg = job.config
-    loader = DataLoader(_ViewDataset(spec.dataset, job.view), batch_size=None, shuffle=False,
-                        num_workers=cfg.num_workers, prefetch_factor=cfg.prefetch_factor,
-                        collate_fn=_null_collate)
+    loader = DataLoader(
+        _ViewDataset(spec.dataset, job.view),
+        batch_size=None,
+        shuffle=False,
+        num_workers=cfg.num_workers,
+        prefetch_factor=cfg.prefetch_factor,
+        collate_fn=_null_collate,
+    )
     return iter(loader)
 
 
@@ -82,11 +87,18 @@ def _idle_template(spec: CollateSpec) -> Callable[[], Any]:
         if len(spec.dataset) == 0:
             raise ValueError("ODB needs a sample to build IDLE steps, but the dataset is empty")
         return spec.dataset[0]
+
     return template
 
 
-def collate_main(spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None, prefix: str,
-                 out: Any, stop: Any) -> None:
+def collate_main(
+    spec: CollateSpec,
+    job: EpochJob,
+    rendezvous: Rendezvous | None,
+    prefix: str,
+    out: Any,
+    stop: Any,
+) -> None:
     """Body of the collate side; every outcome ends as one message on ``out``."""
     try:
         group = AlignmentGroup(rendezvous, prefix)
@@ -102,8 +114,9 @@ def collate_main(spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None
             except NotImplementedError:  # macOS: qsize is unavailable
                 return 0
 
-        result = run_epoch(job, samples, group, spec.collate_fn, spec.meter,
-                           _idle_template(spec), emit, free_slots)
+        result = run_epoch(
+            job, samples, group, spec.collate_fn, spec.meter, _idle_template(spec), emit, free_slots
+        )
         _put(out, ("end", result), stop)
     except _Stopped:
         pass
@@ -145,8 +158,15 @@ def _unpack_error(packed: tuple[bytes | None, str, str], where: str) -> BaseExce
     return exc
 
 
-def _process_entry(spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None,
-                   prefix: str, out: Any, stop: Any, parent_pid: int) -> None:
+def _process_entry(
+    spec: CollateSpec,
+    job: EpochJob,
+    rendezvous: Rendezvous | None,
+    prefix: str,
+    out: Any,
+    stop: Any,
+    parent_pid: int,
+) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     collate_main(spec, job, rendezvous, prefix, out, stop)
     if stop.is_set():  # nobody reads any more: do not wait for the queue to flush
@@ -164,8 +184,9 @@ def _watch_parent(parent_pid: int) -> None:
 class CollateRunner:
     """Starts the collate side of one epoch and hands its batches to the trainer."""
 
-    def __init__(self, spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None, prefix: str
+    ) -> None:
         cfg = job.config
         self.where = f"the ODB collate {cfg.collate_mode} of rank {job.rank}"
         self.result: EpochResult | None = None
@@ -174,14 +195,19 @@ class CollateRunner:
             self._queue: Any = ctx.Queue(maxsize=cfg.queue_depth)
             self._stop: Any = ctx.Event()
             self._worker: Any = ctx.Process(
-                target=_process_entry, name=f"odb-collate-rank{job.rank}",
-                args=(spec, job, rendezvous, prefix, self._queue, self._stop, os.getpid()))
+                target=_process_entry,
+                name=f"odb-collate-rank{job.rank}",
+                args=(spec, job, rendezvous, prefix, self._queue, self._stop, os.getpid()),
+            )
         else:
             self._queue = queue.Queue(maxsize=cfg.queue_depth)
             self._stop = threading.Event()
             self._worker = threading.Thread(
-                target=collate_main, name=f"odb-collate-rank{job.rank}", daemon=True,
-                args=(spec, job, rendezvous, prefix, self._queue, self._stop))
+                target=collate_main,
+                name=f"odb-collate-rank{job.rank}",
+                daemon=True,
+                args=(spec, job, rendezvous, prefix, self._queue, self._stop),
+            )
         self._worker.start()
 
     def qsize(self) -> int:
@@ -211,8 +237,10 @@ class CollateRunner:
             kind, payload = self._queue.get(timeout=1.0)
         except queue.Empty:
             code = getattr(self._worker, "exitcode", None)
-            raise RuntimeError(f"{self.where} exited unexpectedly (exit code {code}); if it was "
-                               "killed by the OOM killer, lower buffer_size or queue_depth") from None
+            raise RuntimeError(
+                f"{self.where} exited unexpectedly (exit code {code}); if it was "
+                "killed by the OOM killer, lower buffer_size or queue_depth"
+            ) from None
         if kind == "end":
             self.result = payload
             return None

@@ -19,8 +19,9 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[
     return torch.randperm(num_samples, generator=generator).tolist()
 
 
-def rank_view(num_samples: int, rank: int, world_size: int, *, seed: int, epoch: int,
-              shuffle: bool) -> list[int]:
+def rank_view(
+    num_samples: int, rank: int, world_size: int, *, seed: int, epoch: int, shuffle: bool
+) -> list[int]:
     """Indices rank ``rank`` reads this epoch, in reading order.
 
     Example:
@@ -28,5 +29,7 @@ def rank_view(num_samples: int, rank: int, world_size: int, *, seed: int, epoch:
         [1, 3]
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
+        )
     return epoch_order(num_samples, seed, epoch, shuffle)[rank::world_size]

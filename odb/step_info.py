@@ -69,9 +69,12 @@ def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
             or the info was popped already).
     """
     if not isinstance(batch, MutableMapping):
-        raise TypeError(f"pop_step_info expects the dict batch an ODB loader yields, "
-                        f"got {type(batch).__name__}")
+        raise TypeError(
+            f"pop_step_info expects the dict batch an ODB loader yields, got {type(batch).__name__}"
+        )
     if STEP_INFO_KEY not in batch:
-        raise KeyError(f"batch has no {STEP_INFO_KEY!r}: it did not come from an ODB "
-                       "loader, or pop_step_info was already called on it")
+        raise KeyError(
+            f"batch has no {STEP_INFO_KEY!r}: it did not come from an ODB "
+            "loader, or pop_step_info was already called on it"
+        )
     return batch.pop(STEP_INFO_KEY)

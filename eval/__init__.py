@@ -1,0 +1,4 @@
+"""Evaluation: validation loss and the lm-eval MMLU/MMMU runners.
+
+Nothing is implemented yet.
+"""

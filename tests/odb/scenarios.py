@@ -1,0 +1,178 @@
+"""Seeded random loader scenarios shared by the distributed tests and the soak bench.
+
+A scenario fixes a dataset of token lengths (with per-rank length profiles when the
+order is not shuffled, so views differ in size *and* in shape), the loader settings
+and the number of epochs. :func:`run_scenario` runs it on one rank and records what
+the rank yielded; :func:`check_scenario` checks the protocol's guarantees across ranks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import odb
+
+DISTRIBUTIONS = ("uniform", "longtail", "bimodal", "oversize")
+
+
+class LengthDataset:
+    """Map-style dataset whose item ``i`` is a sample of ``lengths[i]`` tokens."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = torch.arange(self.lengths[index], dtype=torch.long) % 97 + 3
+        labels = ids.clone()
+        labels[: len(labels) // 3] = -100  # a masked prompt: loss tokens != input tokens
+        return {"input_ids": ids, "labels": labels, "index": torch.tensor([index])}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: int
+    world_size: int
+    lengths: list[int]
+    options: dict[str, Any] = field(default_factory=dict)
+    epochs: int = 1
+
+
+def draw_lengths(
+    rng: random.Random, n: int, budget: int, world_size: int, skewed: bool
+) -> list[int]:
+    """Lengths for ``n`` samples; with ``skewed``, index ``i`` follows rank ``i % W``'s profile."""
+    profiles = [rng.choice(DISTRIBUTIONS) for _ in range(world_size)]
+    out = []
+    for i in range(n):
+        kind = profiles[i % world_size] if skewed else profiles[0]
+        if kind == "uniform":
+            out.append(rng.randint(1, max(1, budget // 2)))
+        elif kind == "longtail":
+            out.append(max(1, min(int(rng.lognormvariate(2.5, 1.2)), 3 * budget)))
+        elif kind == "bimodal":
+            out.append(
+                rng.randint(1, 8) if rng.random() < 0.7 else rng.randint(budget // 3, budget)
+            )
+        else:
+            out.append(
+                rng.randint(budget + 1, 2 * budget)
+                if rng.random() < 0.1
+                else rng.randint(1, budget)
+            )
+    return out
+
+
+def draw_scenario(seed: int, world_size: int, mode: str = "thread") -> Scenario:
+    rng = random.Random(seed)
+    budget = rng.choice([16, 64, 256, 1024])
+    n = rng.choice([0, 1, world_size - 1, rng.randint(world_size, 40), rng.randint(40, 160)])
+    skewed = rng.random() < 0.5
+    options = dict(
+        token_budget=budget,
+        policy=rng.choice(["balanced", "paper"]),
+        join=rng.random() < 0.7,
+        grad_accum_steps=rng.choice([1, 1, 2, 3]),
+        window_budgets=rng.choice([1, 2, 8, 64]),
+        buffer_size=rng.choice([4, 16, 256]),
+        queue_depth=rng.choice([1, 2, 8]),
+        age_limit=rng.choice([1, 4, 16]),
+        shuffle=not skewed,
+        seed=rng.randint(0, 1000),
+        collate_mode=mode,
+        align_timeout_s=60.0,
+    )
+    return Scenario(
+        seed,
+        world_size,
+        draw_lengths(rng, max(n, 0), budget, world_size, skewed),
+        options,
+        epochs=rng.choice([1, 2, 3]),
+    )
+
+
+def run_scenario(scenario: Scenario) -> list[dict[str, Any]]:
+    """Iterate every epoch on this rank; one record per epoch."""
+    loader = odb.ODBLoader(LengthDataset(scenario.lengths), **scenario.options)
+    records = []
+    for epoch in range(scenario.epochs):
+        loader.set_epoch(epoch)
+        steps = []
+        for batch in loader:
+            info = odb.pop_step_info(batch)
+            ids = batch["index"].tolist()
+            assert list(info.sample_ids) == ([] if info.idle else ids), (info.sample_ids, ids)
+            steps.append(
+                dict(
+                    ids=list(info.sample_ids),
+                    idle=info.idle,
+                    shape=tuple(batch["input_ids"].shape),
+                    local_tokens=info.local_loss_tokens,
+                    global_tokens=info.global_loss_tokens,
+                    window_tokens=info.window_loss_tokens,
+                    normalizer=info.loss_normalizer,
+                    local_samples=info.local_samples,
+                    global_samples=info.global_samples,
+                    masked=bool((batch["labels"] == -100).all()),
+                    step=info.step,
+                )
+            )
+        records.append(dict(steps=steps, stats=loader.stats()))
+    return records
+
+
+def check_scenario(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> None:
+    """Assert the protocol's guarantees on what every rank yielded."""
+    opts = scenario.options
+    world, budget = scenario.world_size, opts["token_budget"]
+    lengths = scenario.lengths
+    carried_before = 0
+    for epoch in range(scenario.epochs):
+        epochs = [records[epoch] for records in per_rank]
+        counts = [len(e["steps"]) for e in epochs]
+        assert len(set(counts)) == 1, f"epoch {epoch}: step counts differ across ranks: {counts}"
+        for step in range(counts[0]):
+            rows = [e["steps"][step] for e in epochs]
+            assert {r["step"] for r in rows} == {step}
+            assert {r["global_samples"] for r in rows} == {sum(r["local_samples"] for r in rows)}
+            assert {r["global_tokens"] for r in rows} == {sum(r["local_tokens"] for r in rows)}
+            assert len({r["normalizer"] for r in rows}) == 1
+            for r in rows:
+                assert r["normalizer"] == max(r["window_tokens"], 1) / world
+                if r["idle"]:
+                    assert r["masked"] and r["local_tokens"] == 0 and r["shape"][0] == 1
+                elif len(r["ids"]) > 1:
+                    cost = max(lengths[i] for i in r["ids"]) * len(r["ids"])
+                    assert cost <= budget, f"group {r['ids']} costs {cost} > budget {budget}"
+        _check_windows(epochs[0]["steps"], opts["grad_accum_steps"])
+        emitted = [i for e in epochs for s in e["steps"] for i in s["ids"]]
+        carried = sum(e["stats"]["carried"] for e in epochs)
+        if opts["join"]:
+            assert sorted(emitted) == list(range(len(lengths))), "join: ids lost or duplicated"
+            assert carried == 0
+        else:
+            assert len(emitted) == len(set(emitted)), (
+                "non-join: an id was emitted twice in an epoch"
+            )
+            assert len(emitted) + carried == len(lengths) + carried_before, "quota closure broken"
+            bound = 2 * opts["buffer_size"] + 1
+            for e in epochs:
+                assert e["stats"]["carried"] <= bound + 1, (
+                    f"carry {e['stats']['carried']} > {bound}"
+                )
+            carried_before = carried
+        for e in epochs:
+            stats = e["stats"]
+            assert stats["tail_rounds"] <= max(stats["tail_start_buffered"], 0), stats
+
+
+def _check_windows(steps: list[dict[str, Any]], window: int) -> None:
+    for start in range(0, len(steps), window):
+        chunk = steps[start : start + window]
+        assert {s["window_tokens"] for s in chunk} == {sum(s["global_tokens"] for s in chunk)}
