@@ -169,8 +169,10 @@ def _process_entry(
 ) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     collate_main(spec, job, rendezvous, prefix, out, stop)
-    if stop.is_set():  # nobody reads any more: do not wait for the queue to flush
-        out.cancel_join_thread()
+    # Stay alive until the trainer has taken everything: tensors travel as shared-memory
+    # file descriptors that this process must still be able to hand over.
+    stop.wait()
+    out.cancel_join_thread()
 
 
 def _watch_parent(parent_pid: int) -> None:
