@@ -14,12 +14,14 @@ reported with its exit code; a collate process whose trainer dies exits by itsel
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,15 @@ from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 
 _POLL_S = 0.1
 _WATCHDOG_S = 0.5
+_LIVE_RUNNERS: weakref.WeakSet[CollateRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_runners() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: a collate
+    # process still waiting for its trainer would otherwise block interpreter exit.
+    for runner in list(_LIVE_RUNNERS):
+        runner.close(timeout_s=1.0)
 
 
 @dataclass
@@ -192,6 +203,7 @@ class CollateRunner:
         cfg = job.config
         self.where = f"the ODB collate {cfg.collate_mode} of rank {job.rank}"
         self.result: EpochResult | None = None
+        self._closed = False
         if cfg.collate_mode == "process":
             ctx = mp.get_context("spawn")
             self._queue: Any = ctx.Queue(maxsize=cfg.queue_depth)
@@ -211,6 +223,7 @@ class CollateRunner:
                 args=(spec, job, rendezvous, prefix, self._queue, self._stop),
             )
         self._worker.start()
+        _LIVE_RUNNERS.add(self)
 
     def qsize(self) -> int:
         try:
@@ -249,7 +262,14 @@ class CollateRunner:
         raise _unpack_error(payload, self.where)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the collate side and wait for it; kill it if it does not stop in time."""
+        """Stop the collate side and wait for it; kill it if it does not stop in time.
+
+        Idempotent: the iterator's cleanup and the exit hook may both call it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE_RUNNERS.discard(self)
         self._stop.set()
         self._worker.join(timeout_s)
         if isinstance(self._worker, threading.Thread):

@@ -33,10 +33,14 @@ def test_spawned_ranks_two_loaders(mode: str) -> None:
 
 
 def test_torchrun_two_loaders() -> None:
-    code, out, err = run_torchrun(SCRIPT, 2, ["process"], timeout=180,
-                                  env={"PYTHONPATH": str(SCRIPT.parents[2])})
+    code, out, err = run_torchrun(
+        SCRIPT, 2, ["process"], timeout=180, env={"PYTHONPATH": str(SCRIPT.parents[2])}
+    )
     assert code == 0, err[-3000:]
-    rows = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
-            if line.startswith("RESULT ")]
+    rows = [
+        json.loads(line[len("RESULT ") :])
+        for line in out.splitlines()
+        if line.startswith("RESULT ")
+    ]
     assert sorted(r["rank"] for r in rows) == [0, 1], out[-2000:]
     _check([r["result"] for r in sorted(rows, key=lambda r: r["rank"])])

@@ -25,10 +25,22 @@ def _record(loader: odb.ODBLoader, epoch: int) -> list[list[int]]:
 
 def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
     """Interleave steps of a train and an eval loader; then run each alone for a second epoch."""
-    train = odb.ODBLoader(LengthDataset(TRAIN_LENGTHS), token_budget=256, collate_mode=mode,
-                          window_budgets=2, queue_depth=2, align_timeout_s=60.0)
-    evals = odb.ODBLoader(LengthDataset(EVAL_LENGTHS), token_budget=128, collate_mode=mode,
-                          policy="paper", queue_depth=3, align_timeout_s=60.0)
+    train = odb.ODBLoader(
+        LengthDataset(TRAIN_LENGTHS),
+        token_budget=256,
+        collate_mode=mode,
+        window_budgets=2,
+        queue_depth=2,
+        align_timeout_s=60.0,
+    )
+    evals = odb.ODBLoader(
+        LengthDataset(EVAL_LENGTHS),
+        token_budget=128,
+        collate_mode=mode,
+        policy="paper",
+        queue_depth=3,
+        align_timeout_s=60.0,
+    )
     out: dict[str, list] = {"train": [[]], "eval": [[]]}
     train_it, eval_it = iter(train), iter(evals)
     live = {"train": train_it, "eval": eval_it}

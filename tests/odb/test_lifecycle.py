@@ -1,0 +1,74 @@
+"""Loader lifecycle: break, re-iterate, interpreter exit with a live iterator, no leftovers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import odb
+from tests.odb.scenarios import LengthDataset
+
+ROOT = Path(__file__).parents[2]
+
+
+def _is_loader_child(proc: psutil.Process) -> bool:
+    """A live child other than multiprocessing's resource tracker (one per program)."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return "resource_tracker" not in " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _children_settle(timeout_s: float = 10.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in psutil.Process().children(recursive=True) if _is_loader_child(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_break_then_full_epochs_leave_no_children(mode: str) -> None:
+    loader = odb.ODBLoader(
+        LengthDataset([(i % 13) + 1 for i in range(120)]),
+        token_budget=32,
+        collate_mode=mode,
+        num_workers=1,
+        queue_depth=2,
+    )
+    for step, batch in enumerate(loader):
+        odb.pop_step_info(batch)
+        if step == 3:
+            break
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        ids = sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids)
+        assert ids == list(range(120))
+    assert _children_settle() == []
+
+
+def test_exit_with_live_iterator_does_not_hang() -> None:
+    script = textwrap.dedent("""
+        import odb
+        from tests.odb.scenarios import LengthDataset
+        if __name__ == "__main__":
+            loader = odb.ODBLoader(LengthDataset([5] * 100), token_budget=16, num_workers=1)
+            it = iter(loader)
+            next(it)
+            print("left with a live iterator", flush=True)
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "left with a live iterator" in proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
