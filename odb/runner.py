@@ -132,7 +132,10 @@ def collate_main(
     except _Stopped:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
-        _put(out, ("error", _pack_error(exc)), stop, give_up_s=5.0)
+        packed = _pack_error(exc)
+        # Frames of the traceback keep the DataLoader iterator (and its workers) alive.
+        traceback.clear_frames(exc.__traceback__)
+        _put(out, ("error", packed), stop, give_up_s=5.0)
 
 
 class _Stopped(Exception):
