@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from odb.collate import PadCollate
 from odb.comm import open_rendezvous
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
+from odb.resume import LoaderState, merge
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import rank_view
 from odb.step_info import STEP_INFO_KEY
@@ -88,11 +90,19 @@ class ODBLoader:
         self._last_stats: dict[str, float | int] = {}
         self._emitted_global = 0
         self._epoch_total = 0
+        self._resume: LoaderState | None = None
+        # Exactly-once ledger of the current epoch (see odb/resume.py).
+        self._restored: LoaderState | None = None
+        self._carry_in: list[int] = []
+        self._consumed: list[int] = []
+        self._epoch_done = False
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose seeded order the next ``iter()`` uses (call on every rank)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None  # the restored epoch is skipped: start the new one fresh
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -102,26 +112,89 @@ class ODBLoader:
         )
 
     def progress(self) -> float:
-        """Exact fraction of this epoch's samples (over all ranks) emitted so far."""
-        return self._emitted_global / self._epoch_total if self._epoch_total else 0.0
+        """Exact fraction of this epoch's samples (over all ranks) yielded so far.
+
+        Counts samples yielded to the trainers over the dataset size; in non-join mode
+        carried samples count too, so the value is capped at 1.
+        """
+        if not self._epoch_total:
+            return 0.0
+        return min(self._emitted_global / self._epoch_total, 1.0)
 
     def stats(self) -> dict[str, float | int]:
         """Metrics of the last finished epoch, plus the trainer's data-wait time."""
         return dict(self._last_stats)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state over all ranks; collective: call it on every rank at the same step.
+
+        Samples yielded to the trainer before this call are never yielded again in this
+        epoch after :meth:`load_state_dict`; every other sample of the epoch will be.
+        """
+        cfg = self.config
+        mine = (self._carry_in, self._consumed, self._carry if self._epoch_done else [])
+        carry_in, consumed, carry_next = merge(_gather(mine, self.world_size))
+        if self._restored is not None:
+            carry_in = list(self._restored.carry_in)
+            consumed = list(self._restored.consumed) + consumed
+        state = LoaderState(
+            self.epoch,
+            len(self.dataset),
+            cfg.seed,
+            cfg.shuffle,
+            tuple(carry_in),
+            tuple(consumed),
+            self._epoch_done,
+            tuple(carry_next),
+        )
+        return state.to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`, possibly taken at another world size.
+
+        The next ``iter()`` continues the saved epoch with only the samples it still owes
+        (re-sharded over the current ranks). A state saved after an epoch finished
+        positions the loader at the start of the next epoch, with its carry.
+        """
+        state = LoaderState.from_dict(state_dict)
+        if state.num_samples != len(self.dataset):
+            raise ValueError(
+                f"loader state was saved for {state.num_samples} samples but the "
+                f"dataset has {len(self.dataset)}; resume with the same dataset"
+            )
+        if (state.seed, state.shuffle) != (self.config.seed, self.config.shuffle):
+            raise ValueError(
+                f"loader state has seed={state.seed}, shuffle={state.shuffle} but "
+                f"this loader has seed={self.config.seed}, shuffle="
+                f"{self.config.shuffle}; build the loader with the saved settings"
+            )
+        if state.epoch_done:
+            self.epoch, self._resume = state.epoch + 1, None
+            self._carry = list(state.carry_next[self.rank :: self.world_size])
+        else:
+            self.epoch, self._resume, self._carry = state.epoch, state, []
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cfg = self.config
-        view = self._carry + rank_view(
-            len(self.dataset),
-            self.rank,
-            self.world_size,
-            seed=cfg.seed,
-            epoch=self.epoch,
-            shuffle=cfg.shuffle,
-        )
+        self._restored, self._resume = self._resume, None
+        self._consumed, self._epoch_done = [], False
+        if self._restored is not None:
+            view = self._restored.view_for(self.rank, self.world_size)
+            self._carry_in = []
+            self._emitted_global = len(self._restored.consumed)
+        else:
+            fresh = rank_view(
+                len(self.dataset),
+                self.rank,
+                self.world_size,
+                seed=cfg.seed,
+                epoch=self.epoch,
+                shuffle=cfg.shuffle,
+            )
+            view, self._carry_in = self._carry + fresh, self._carry
+            self._emitted_global = 0
         self._carry = []
-        self._epoch_total = len(self.dataset)  # carried samples are counted by their first epoch
-        self._emitted_global = 0
+        self._epoch_total = len(self.dataset)
         self._iterations += 1
         job = EpochJob(cfg, self.epoch, self.rank, self.world_size, view)
         runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
@@ -136,15 +209,27 @@ class ODBLoader:
                 wait_s += time.perf_counter() - started
                 if batch is None:
                     break
-                self._emitted_global += batch[STEP_INFO_KEY].global_samples
+                info = batch[STEP_INFO_KEY]
+                self._emitted_global += info.global_samples
+                self._consumed.extend(info.sample_ids)
                 yield batch
         finally:
             runner.close()
         assert runner.result is not None
         self._carry = list(runner.result.carry)
+        self._epoch_done = True
         self._last_stats = dict(
             runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(self._carry)
         )
+
+
+def _gather(mine: Any, world_size: int) -> list[Any]:
+    """All-gather a picklable object over the trainer's group (itself at world size 1)."""
+    if world_size == 1:
+        return [mine]
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, mine)
+    return out
 
 
 def _resolve_config(
