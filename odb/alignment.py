@@ -137,7 +137,8 @@ def _paper_target(active: Sequence[RankStatus]) -> int:
     free = [s.free_slots for s in active if s.free_slots > 0]
     if free:
         target = min(target, min(free))
-    return min(target, min(s.buffered for s in active))
+    buffered = [s.buffered for s in active if s.buffered > 0]
+    return min(target, min(buffered)) if buffered else target
 
 
 def _balanced_target(active: Sequence[RankStatus]) -> tuple[int, bool]:
@@ -188,9 +189,10 @@ def local_steps(
         (recirculated) and are regrouped next round.
     """
     chosen = list(ready[:target])
-    if len(chosen) < target and (split or not ready):
+    if len(chosen) < target:
+        # Waiting groups are whole groups: take them before idling, split or not.
         pool = list(ready) + list(waiting)
-        if len(pool) < target:
+        if len(pool) < target and (split or not ready):
             pool = split_to_count(pool, target, budget)
         chosen = pool[:target]
     return LocalSteps(groups=tuple(chosen), idle=target - len(chosen))

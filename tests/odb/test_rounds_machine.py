@@ -1,0 +1,328 @@
+"""Stateful tests of the round protocol: W ranks, each a pure ``RankRounds``, driven as
+``odb.engine.run_epoch`` drives them (read while ``wants_read()``, ``status()``, gather,
+``decide()`` on every rank with the same list, emit the groups then the IDLE steps).
+
+Hypothesis draws the scenario (ranks, per-rank views with their own length profiles and
+sizes, empty views included, policy, budget, small window/buffer/queue/age settings) and,
+per round, every rank's free output slots. Invariants are checked every round; the
+teardown runs the epoch to its end and checks the end-of-epoch guarantees.
+
+Bounds checked (derived in the comments where they are checked):
+
+* ages: a sample's age (rounds waited) is at most ``age_limit + buffer_size - 1``, and
+  every round whose oldest sample is overdue emits a sample of that age;
+* termination: rounds after every view is read <= the most samples any rank held when
+  that tail began; all non-end rounds <= the total number of samples;
+* non-join carry: per rank ``leftover + unread <= 2 * buffer_size + (view - min view)``
+  (the documented ``2 * buffer_size + 1 + (view - min view)`` holds with room to spare).
+
+Known and allowed: in non-join mode a rank that ran ``buffer_size`` reads ahead and
+emptied its buffer is held by the read limit and emits an IDLE step; the machine
+asserts that this is the only way a non-join rank idles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+)
+
+from odb.budget import GroupMeasure
+from odb.config import ODBConfig
+from odb.metrics import EpochMetrics
+from odb.rounds import RankRounds
+
+PROFILES = ("uniform", "longtail", "bimodal", "oversize")
+MAX_VIEW = 18
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def _lengths(profile: str, budget: int) -> st.SearchStrategy[int]:
+    """Sample lengths of one profile, some over the budget where the profile has them."""
+    if profile == "uniform":
+        return st.integers(1, max(1, budget // 2))
+    if profile == "longtail":
+        return st.integers(1, max(1, budget // 8)) | st.integers(1, budget) | st.integers(
+            budget, 3 * budget
+        )
+    if profile == "bimodal":
+        return st.integers(1, max(1, budget // 8)) | st.integers(max(1, budget // 3), budget)
+    return st.integers(1, budget) | st.integers(budget + 1, 2 * budget)
+
+
+@st.composite
+def _view(draw, budget: int, with_patches: bool) -> list[tuple[int, int]]:
+    profile = draw(st.sampled_from(PROFILES))
+    size = draw(st.integers(0, MAX_VIEW))
+    lengths = draw(st.lists(_lengths(profile, budget), min_size=size, max_size=size))
+    patches = st.integers(0, 4) if with_patches else st.just(0)
+    return [(length, draw(patches)) for length in lengths]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: ODBConfig
+    views: tuple[tuple[tuple[int, int], ...], ...]  # per rank: (length, patches) per index
+
+
+@st.composite
+def scenarios(draw, join: bool) -> Scenario:
+    world = draw(st.integers(1, 4))
+    budget = draw(st.integers(4, 40))
+    max_patches = draw(st.none() | st.integers(1, 6))
+    config = ODBConfig(
+        token_budget=budget,
+        cost_model=draw(st.sampled_from(["padded", "padded", "packed"])),
+        max_patches=max_patches,
+        policy=draw(st.sampled_from(["balanced", "paper"])),
+        join=join,
+        window_budgets=draw(st.integers(1, 3)),
+        buffer_size=draw(st.integers(1, 8)),
+        queue_depth=draw(st.integers(1, 4)),
+        age_limit=draw(st.integers(1, 4)),
+    )
+    views = tuple(tuple(draw(_view(budget, max_patches is not None))) for _ in range(world))
+    return Scenario(config, views)
+
+
+# ---------------------------------------------------------------- the machine
+
+
+class RoundsMachine(RuleBasedStateMachine):
+    """W ranks running one epoch of the round protocol in lockstep."""
+
+    join = True
+
+    @initialize(data=st.data())
+    def start(self, data):
+        self.scenario = data.draw(scenarios(self.join), label="scenario")
+        cfg = self.scenario.config
+        self.cfg = cfg
+        self.views = self.scenario.views
+        self.world = len(self.views)
+        self.ranks = [RankRounds(cfg, len(v)) for v in self.views]
+        self.emitted = [set() for _ in self.views]
+        self.born = [{} for _ in self.views]  # index -> rounds decided when it was read
+        self.rounds = 0  # non-end rounds
+        self.ended = False
+        self.broken = False
+        self.end_statuses = None
+        self.prev_statuses = None
+        self.idle_steps = 0
+        self.tail_rounds = 0
+        self.tail_start = None
+        self.metrics = EpochMetrics()  # the engine's tail counter, cross-checked
+        self.total = sum(len(v) for v in self.views)
+        # Fail fast on a livelock: far above the bound checked at the end.
+        self.round_cap = 4 * (self.total + self.world) + 8
+
+    # ------------------------------------------------------------ one round
+
+    def _read(self, r: int) -> None:
+        rr, view = self.ranks[r], self.views[r]
+        while rr.wants_read():
+            i = rr.read_count
+            assert i < len(view), f"rank {r} wants to read past its view ({i} of {len(view)})"
+            length, patches = view[i]
+            rr.add(length, patches, (r, i))
+            self.born[r][i] = self.rounds
+        assert not rr.wants_read()
+        if not self.cfg.join and self.prev_statuses is not None:
+            # The read limit of the last plan: no rank runs ahead of the slowest by more
+            # than one buffer's worth.
+            limit = min(s.read_count for s in self.prev_statuses) + self.cfg.buffer_size
+            assert rr.read_count <= limit
+
+    def _ages(self, r: int) -> dict[int, int]:
+        return {
+            i: self.rounds - b for i, b in self.born[r].items() if i not in self.emitted[r]
+        }
+
+    def _round(self, free: list[int]) -> None:
+        assert not self.ended
+        self.broken = True  # until the round completes: teardown skips a broken run
+        assert self.rounds < self.round_cap, f"no end after {self.rounds} rounds: livelock"
+        cfg, budget = self.cfg, self.cfg.budget
+        for r in range(self.world):
+            self._read(r)
+        statuses = [rr.status(f) for rr, f in zip(self.ranks, free, strict=True)]
+        ages = [self._ages(r) for r in range(self.world)]
+        for r, (rr, s) in enumerate(zip(self.ranks, statuses, strict=True)):
+            assert s.buffered == len(rr.buffer) == len(ages[r])
+            assert s.read_count == rr.read_count and s.read_done == rr.read_done
+            assert s.ready <= s.buffered and s.free_slots == free[r] and not s.failed
+            assert rr.buffer.max_age == max(ages[r].values(), default=0)
+            # Oldest-overdue-first emission bounds the wait: once a sample is overdue,
+            # every round emits at least one sample at least as old, and all of those
+            # were buffered together with it (< buffer_size others).
+            assert rr.buffer.max_age <= cfg.age_limit + cfg.buffer_size - 1, (
+                rr.buffer.max_age, cfg.age_limit, cfg.buffer_size)
+            can_read = rr._may_read() and len(rr.buffer) < cfg.buffer_size
+            if not can_read:
+                # buffer.plan: a nonempty buffer that cannot read more has a ready group.
+                assert s.buffered == 0 or s.ready >= 1
+        outcomes = [rr.decide(statuses) for rr in self.ranks]
+        plan = outcomes[0].plan
+        assert all(o.plan == plan for o in outcomes), "ranks derived different plans"
+        all_read = all(s.read_done for s in statuses)
+        self.metrics.record_tail(statuses, plan.end)
+        if plan.end:
+            self.ended = True
+            self.end_statuses = statuses
+            self.broken = False
+            assert plan.target == 0
+            assert all(o.steps.count == 0 and not o.payloads for o in outcomes)
+            if cfg.join:
+                assert all(s.dry for s in statuses), "join: ended while a rank had samples"
+            else:
+                assert any(s.dry for s in statuses), "non-join: ended with no rank dry"
+            return
+        assert 1 <= plan.target <= cfg.queue_depth
+        if cfg.join:
+            assert plan.read_limit is None
+        else:
+            # The epoch ends at the first round in which a rank is dry.
+            assert not any(s.dry for s in statuses)
+            assert plan.read_limit == min(s.read_count for s in statuses) + cfg.buffer_size
+        if all_read:
+            if self.tail_rounds == 0:
+                self.tail_start = max(s.buffered for s in statuses)
+            self.tail_rounds += 1
+        for r, (rr, o, s) in enumerate(zip(self.ranks, outcomes, statuses, strict=True)):
+            steps = o.steps
+            assert steps.count == plan.target, (r, steps.count, plan.target)
+            assert len(o.payloads) == len(steps.groups)
+            for group, payloads in zip(steps.groups, o.payloads, strict=True):
+                assert payloads, "an emitted group is empty"
+                indices = [i for rank, i in payloads]
+                assert all(rank == r for rank, _ in payloads), "a rank emitted a peer's sample"
+                samples = [self.views[r][i] for i in indices]
+                assert sorted(x.length for x in group.items) == sorted(x[0] for x in samples)
+                measure = GroupMeasure()
+                for length, patches in samples:
+                    measure = measure.plus(length, patches)
+                if len(samples) > 1:
+                    assert budget.fits(measure), f"rank {r} group {samples} exceeds the budget"
+                for i in indices:
+                    assert i in self.born[r], f"rank {r} emitted unread index {i}"
+                    assert i not in self.emitted[r], f"rank {r} emitted index {i} twice"
+                    self.emitted[r].add(i)
+            if steps.idle:
+                # IDLE only when the rank is out of samples: in join mode because its view
+                # is read; in non-join mode only when the read limit holds back a rank
+                # that ran ahead and emptied its buffer (it had nothing to offer).
+                assert len(rr.buffer) == 0, f"rank {r} idles while holding samples"
+                if not cfg.join:
+                    assert s.buffered == 0 and not s.read_done and self.prev_statuses
+                    held = min(x.read_count for x in self.prev_statuses) + cfg.buffer_size
+                    assert s.read_count == held, "non-join IDLE without the read limit"
+                self.idle_steps += steps.idle
+            if s.buffered:
+                assert steps.groups, f"rank {r} held samples and emitted none"
+            # Conservation: read = emitted + buffered.
+            assert rr.read_count == len(self.emitted[r]) + len(rr.buffer)
+            overdue = [a for a in ages[r].values() if a >= cfg.age_limit]
+            if overdue:
+                emitted_ages = [ages[r][i] for p in o.payloads for _, i in p]
+                assert max(emitted_ages) == max(overdue), "the oldest overdue sample waited"
+        self.prev_statuses = statuses
+        self.rounds += 1
+        self.broken = False
+
+    # ------------------------------------------------------------ rules
+
+    @rule(data=st.data())
+    def round_random_slots(self, data):
+        if self.ended:
+            return
+        free = data.draw(
+            st.lists(st.integers(0, self.cfg.queue_depth), min_size=self.world,
+                     max_size=self.world),
+            label="free_slots",
+        )
+        self._round(free)
+
+    @rule()
+    def round_full_queues(self):
+        if self.ended:
+            return
+        self._round([0] * self.world)
+
+    @rule()
+    def rounds_until_end(self):
+        while not self.ended:
+            self._round([self.cfg.queue_depth] * self.world)
+
+    @invariant()
+    def steps_agree(self):
+        # Implied by the per-round checks, restated as the DDP contract: the same number
+        # of steps on every rank so far (one plan per round, target steps on each).
+        if hasattr(self, "ranks"):
+            assert len({rr.rounds for rr in self.ranks}) == 1
+
+    # ------------------------------------------------------------ end of epoch
+
+    def teardown(self):
+        if not hasattr(self, "ranks") or self.broken:
+            return
+        while not self.ended:
+            self._round([self.cfg.queue_depth] * self.world)
+        cfg = self.cfg
+        # Every non-end round emits at least one sample somewhere (in join mode every
+        # non-dry rank holds one at its status; in non-join mode at least the rank with
+        # the fewest reads does), so the epoch is bounded by the sample count.
+        assert self.rounds <= self.total, (self.rounds, self.total)
+        # Termination tail: every non-dry rank emits at least one sample per round, so
+        # the fullest rank empties within as many rounds as it held samples.
+        if self.tail_rounds:
+            assert self.tail_rounds <= self.tail_start, (self.tail_rounds, self.tail_start)
+        assert self.metrics.tail_rounds == self.tail_rounds
+        assert self.metrics.tail_start_buffered == (self.tail_start or 0)
+        leftovers = [rr.leftover() for rr in self.ranks]
+        min_view = min(len(v) for v in self.views)
+        for r, (rr, view, left) in enumerate(
+            zip(self.ranks, self.views, leftovers, strict=True)
+        ):
+            left_idx = [i for _, i in left]
+            unread = list(range(rr.read_count, len(view)))
+            if cfg.join:
+                assert sorted(self.emitted[r]) == list(range(len(view))), (
+                    f"join: rank {r} did not emit every index exactly once")
+                assert not left_idx and not unread
+            else:
+                # Quota closure within the epoch: nothing lost, nothing twice.
+                parts = sorted(self.emitted[r]) + left_idx + unread
+                assert sorted(parts) == list(range(len(view))), f"rank {r}: {parts}"
+                carry = len(left_idx) + len(unread)
+                # Bound: the first dry rank D read all of its view, at most buffer_size
+                # past this rank's read count (read limit), so unread <= view - view_D +
+                # buffer_size; leftover <= buffer_size; view_D >= min view.
+                assert carry <= 2 * cfg.buffer_size + (len(view) - min_view), (
+                    r, carry, cfg.buffer_size, len(view), min_view)
+                assert carry <= 2 * cfg.buffer_size + 1 + (len(view) - min_view)
+            assert len(rr.buffer) == 0
+
+
+class JoinMachine(RoundsMachine):
+    join = True
+
+
+class NonJoinMachine(RoundsMachine):
+    join = False
+
+
+MACHINE_SETTINGS = settings(max_examples=1000, deadline=None, stateful_step_count=20)
+
+TestJoinRounds = JoinMachine.TestCase
+TestJoinRounds.settings = MACHINE_SETTINGS
+TestNonJoinRounds = NonJoinMachine.TestCase
+TestNonJoinRounds.settings = MACHINE_SETTINGS

@@ -1,0 +1,62 @@
+"""Tests for odb.step_info: the StepInfo record and the pop_step_info boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections import OrderedDict, UserDict
+
+import pytest
+
+import odb
+from odb.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
+
+
+def info(**overrides) -> StepInfo:
+    fields = dict(epoch=0, step=3, round=1, idle=False, sample_ids=(4, 9), local_samples=2,
+                  global_samples=5, local_loss_tokens=11, global_loss_tokens=30,
+                  window_loss_tokens=30, loss_normalizer=15.0, world_size=2, rank=1)
+    return StepInfo(**(fields | overrides))
+
+
+@pytest.mark.parametrize("kind", [dict, OrderedDict, UserDict])
+def test_pop_step_info_pops_and_leaves_the_model_inputs(kind):
+    record = info()
+    batch = kind(input_ids=[1, 2], labels=[2, 3])
+    batch[STEP_INFO_KEY] = record
+    assert pop_step_info(batch) is record
+    assert STEP_INFO_KEY not in batch
+    assert list(batch) == ["input_ids", "labels"]
+
+
+def test_pop_step_info_twice_raises_key_error():
+    batch = {"input_ids": [1], STEP_INFO_KEY: info()}
+    pop_step_info(batch)
+    with pytest.raises(KeyError, match=STEP_INFO_KEY):
+        pop_step_info(batch)
+
+
+def test_pop_step_info_on_a_foreign_batch_raises_key_error():
+    with pytest.raises(KeyError, match="did not come from an ODB loader"):
+        pop_step_info({"input_ids": [1]})
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [[1, 2], (STEP_INFO_KEY,), "batch", None, 3,
+     types.MappingProxyType({STEP_INFO_KEY: "x"})],  # read-only mapping: cannot pop
+)
+def test_pop_step_info_rejects_non_mutable_mappings(batch):
+    with pytest.raises(TypeError, match=type(batch).__name__):
+        pop_step_info(batch)
+
+
+def test_pop_step_info_is_exported():
+    assert odb.pop_step_info is pop_step_info
+
+
+def test_step_info_is_frozen_and_idle_shape():
+    record = info(idle=True, sample_ids=(), local_samples=0, local_loss_tokens=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.step = 4  # type: ignore[misc]
+    assert record.idle and record.sample_ids == () and record.local_samples == 0
