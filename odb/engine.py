@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -90,7 +90,9 @@ class EpochJob:
     epoch: int
     rank: int
     world_size: int
-    view: list[int]
+    view: list[int] | None
+    skip: frozenset[int] = frozenset()
+    carried: list[tuple[int, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class EpochResult:
 
     carry: list[int]
     metrics: dict[str, float | int]
+    carried_samples: list[tuple[int, Any]] = field(default_factory=list)
 
 
 def run_epoch(
@@ -114,7 +117,8 @@ def run_epoch(
     """Run one rank's epoch; every rank emits the same number of steps.
 
     Args:
-        job: Config, epoch, rank and this rank's view (indices in reading order).
+        job: Config, epoch, rank and this rank's view (indices in reading order; None
+            for a stream), plus samples carried in from the last epoch (streams only).
         samples: ``(index, sample)`` pairs of the view, in view order.
         group: The alignment group of this iteration.
         collate_fn: Turns a list of samples into a dict batch.
@@ -125,13 +129,20 @@ def run_epoch(
         free_slots: Free places in the queue to the trainer.
     """
     cfg = job.config
-    rounds = RankRounds(cfg, len(job.view))
+    stream = job.view is None
+    rounds = RankRounds(cfg, None if stream else len(job.view))
     windows = WindowNormalizer(cfg.grad_accum_steps, job.world_size)
     metrics = EpochMetrics()
     state = _RoundState(job, collate_fn, meter, idle_template, metrics)
+    for index, sample in job.carried:  # a stream's carry from the last epoch comes first
+        state.read(rounds, index, sample)
     while True:
         while rounds.wants_read():
-            index, sample = next(samples)
+            try:
+                index, sample = next(samples)
+            except StopIteration:
+                rounds.mark_exhausted()
+                break
             state.read(rounds, index, sample)
         status = rounds.status(free_slots())
         metrics.max_age = max(metrics.max_age, rounds.buffer.max_age)
@@ -162,8 +173,16 @@ def run_epoch(
         emit(_attach(item, window_tokens, normalizer))
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
-    carry = [index for index, _, _ in rounds.leftover()] + job.view[rounds.read_count :]
-    return EpochResult(carry=[] if cfg.join else carry, metrics=metrics.summary())
+    leftover = rounds.leftover()
+    if cfg.join:
+        return EpochResult(carry=[], metrics=metrics.summary())
+    if stream:  # a stream cannot be re-read by index: carry the samples themselves
+        carried = [(index, sample) for index, sample, _ in leftover]
+        return EpochResult(
+            carry=[i for i, _ in carried], metrics=metrics.summary(), carried_samples=carried
+        )
+    unread = job.view[rounds.read_count :]
+    return EpochResult(carry=[i for i, _, _ in leftover] + unread, metrics=metrics.summary())
 
 
 def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:

@@ -25,6 +25,7 @@ from odb.engine import EpochJob, SampleMeter
 from odb.resume import LoaderState, merge
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import rank_view
+from odb.sources import is_stream
 from odb.step_info import STEP_INFO_KEY
 
 
@@ -87,6 +88,10 @@ class ODBLoader:
         self.epoch = 0
         self._iterations = 0
         self._carry: list[int] = []
+        self._carry_samples: list[tuple[int, Any]] = []  # a stream's non-join carry
+        self._stream = is_stream(dataset)
+        self._steps = 0
+        self._last_epoch_steps: int | None = None
         self._last_stats: dict[str, float | int] = {}
         self._emitted_global = 0
         self._epoch_total = 0
@@ -116,10 +121,29 @@ class ODBLoader:
 
         Counts samples yielded to the trainers over the dataset size; in non-join mode
         carried samples count too, so the value is capped at 1.
+
+        Raises:
+            TypeError: The dataset is a stream, whose size is unknown until it ends.
         """
+        if self._stream:
+            raise TypeError(
+                "progress() needs a dataset with a length; a stream's size is "
+                "unknown until it ends (use stats()['steps'] of past epochs)"
+            )
         if not self._epoch_total:
             return 0.0
         return min(self._emitted_global / self._epoch_total, 1.0)
+
+    def estimate_steps(self) -> int | None:
+        """Estimated steps of the current epoch, for schedulers; None before any evidence.
+
+        Method: during an epoch with progress ``p > 0`` after ``k`` steps, ``round(k / p)``
+        (exact at the end of the epoch); before the first step, the step count of the
+        last finished epoch. The measured error is in ``docs/benchmarks.md``.
+        """
+        if not self._stream and self._steps and self._emitted_global and self._epoch_total:
+            return round(self._steps / min(self._emitted_global / self._epoch_total, 1.0))
+        return self._last_epoch_steps
 
     def stats(self) -> dict[str, float | int]:
         """Metrics of the last finished epoch, plus the trainer's data-wait time."""
@@ -139,7 +163,7 @@ class ODBLoader:
             consumed = list(self._restored.consumed) + consumed
         state = LoaderState(
             self.epoch,
-            len(self.dataset),
+            None if self._stream else len(self.dataset),
             cfg.seed,
             cfg.shuffle,
             tuple(carry_in),
@@ -157,7 +181,9 @@ class ODBLoader:
         positions the loader at the start of the next epoch, with its carry.
         """
         state = LoaderState.from_dict(state_dict)
-        if state.num_samples != len(self.dataset):
+        if self._stream:
+            self._check_stream_state(state)
+        elif state.num_samples != len(self.dataset):
             raise ValueError(
                 f"loader state was saved for {state.num_samples} samples but the "
                 f"dataset has {len(self.dataset)}; resume with the same dataset"
@@ -174,14 +200,33 @@ class ODBLoader:
         else:
             self.epoch, self._resume, self._carry = state.epoch, state, []
 
+    def _check_stream_state(self, state: LoaderState) -> None:
+        if state.num_samples is not None:
+            raise ValueError(
+                "loader state was saved for a map-style dataset of "
+                f"{state.num_samples} samples, but this loader reads a stream"
+            )
+        if state.carry_in or state.carry_next:
+            raise ValueError(
+                "a non-join stream checkpoint holds carried samples, which a "
+                "stream cannot re-read by position; checkpoint streams in join "
+                "mode, or at an epoch boundary with nothing carried"
+            )
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        cfg = self.config
         self._restored, self._resume = self._resume, None
-        self._consumed, self._epoch_done = [], False
+        self._consumed, self._epoch_done, self._steps = [], False, 0
+        self._emitted_global = len(self._restored.consumed) if self._restored else 0
+        job = self._stream_job() if self._stream else self._map_job()
+        self._carry, self._carry_samples = [], []
+        self._iterations += 1
+        runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
+        return self._drive(runner)
+
+    def _map_job(self) -> EpochJob:
+        cfg = self.config
         if self._restored is not None:
-            view = self._restored.view_for(self.rank, self.world_size)
-            self._carry_in = []
-            self._emitted_global = len(self._restored.consumed)
+            view, self._carry_in = self._restored.view_for(self.rank, self.world_size), []
         else:
             fresh = rank_view(
                 len(self.dataset),
@@ -192,13 +237,22 @@ class ODBLoader:
                 shuffle=cfg.shuffle,
             )
             view, self._carry_in = self._carry + fresh, self._carry
-            self._emitted_global = 0
-        self._carry = []
         self._epoch_total = len(self.dataset)
-        self._iterations += 1
-        job = EpochJob(cfg, self.epoch, self.rank, self.world_size, view)
-        runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
-        return self._drive(runner)
+        return EpochJob(cfg, self.epoch, self.rank, self.world_size, view)
+
+    def _stream_job(self) -> EpochJob:
+        skip = self._restored.skip_set() if self._restored is not None else frozenset()
+        self._carry_in = [index for index, _ in self._carry_samples]
+        self._epoch_total = 0  # a stream's length is unknown until it ends
+        return EpochJob(
+            self.config,
+            self.epoch,
+            self.rank,
+            self.world_size,
+            None,
+            skip,
+            list(self._carry_samples),
+        )
 
     def _drive(self, runner: CollateRunner) -> Iterator[dict[str, Any]]:
         wait_s = 0.0
@@ -210,6 +264,7 @@ class ODBLoader:
                 if batch is None:
                     break
                 info = batch[STEP_INFO_KEY]
+                self._steps += 1
                 self._emitted_global += info.global_samples
                 self._consumed.extend(info.sample_ids)
                 yield batch
@@ -217,7 +272,9 @@ class ODBLoader:
             runner.close()
         assert runner.result is not None
         self._carry = list(runner.result.carry)
+        self._carry_samples = list(runner.result.carried_samples)
         self._epoch_done = True
+        self._last_epoch_steps = self._steps
         self._last_stats = dict(
             runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(self._carry)
         )
@@ -256,10 +313,7 @@ def _resolve_config(
 
 def _check_dataset(dataset: Any) -> None:
     if isinstance(dataset, IterableDataset):
-        raise TypeError(
-            "ODBLoader takes a map-style dataset (with __len__ and __getitem__); "
-            "streaming IterableDataset support is tracked separately"
-        )
+        return
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise TypeError(
             f"dataset must be map-style (__len__ and __getitem__), got {type(dataset).__name__}"
@@ -297,6 +351,12 @@ def wrap(dataloader: DataLoader, token_budget: int | None = None, **options: Any
             f"wrap needs a DataLoader with batch_size=1 (got batch_size="
             f"{dataloader.batch_size}): ODB forms the batches itself from single "
             "samples. Build the DataLoader with batch_size=1"
+        )
+    if dataloader.persistent_workers:
+        raise ValueError(
+            "wrap got a DataLoader with persistent_workers=True; ODB's collate side starts "
+            "the workers itself at each epoch, so persistent workers are not supported. "
+            "Build the DataLoader with persistent_workers=False"
         )
     options.setdefault("num_workers", dataloader.num_workers)
     if dataloader.num_workers > 0:

@@ -49,7 +49,8 @@ class LoaderState:
 
     Attributes:
         epoch: The epoch in progress (or just finished, when ``epoch_done``).
-        num_samples: Dataset size the state was taken with.
+        num_samples: Dataset size the state was taken with; None for a stream (whose
+            indices are stream positions).
         seed: Shuffle seed; the epoch order is ``epoch_order(num_samples, seed, epoch)``.
         shuffle: Whether the epoch order is shuffled.
         carry_in: Indices carried into this epoch (non-join), emitted before the rest.
@@ -60,7 +61,7 @@ class LoaderState:
     """
 
     epoch: int
-    num_samples: int
+    num_samples: int | None
     seed: int
     shuffle: bool
     carry_in: tuple[int, ...] = ()
@@ -70,6 +71,8 @@ class LoaderState:
 
     def remaining(self) -> list[int]:
         """Indices still owed this epoch, carried ones first, then in epoch order."""
+        if self.num_samples is None:
+            raise ValueError("a stream has no epoch order to re-deal; use skip_set()")
         owed = Counter(self.consumed)
         out = []
         for index in list(self.carry_in) + epoch_order(
@@ -81,13 +84,20 @@ class LoaderState:
                 out.append(index)
         return out
 
+    def skip_set(self) -> frozenset[int]:
+        """Stream positions already consumed this epoch (passed over on resume)."""
+        return frozenset(self.consumed)
+
     def view_for(self, rank: int, world_size: int) -> list[int]:
         """This rank's share of what is still owed (re-sharded for ``world_size``)."""
         return self.remaining()[rank::world_size]
 
     def to_dict(self) -> dict[str, Any]:
         """Compact, tensor-free form (``torch.save`` / JSON friendly)."""
-        bitmap = bytearray((self.num_samples + 7) // 8)
+        size = (
+            self.num_samples if self.num_samples is not None else max(self.consumed, default=-1) + 1
+        )
+        bitmap = bytearray((size + 7) // 8)
         extra = []
         for index in self.consumed:
             byte, bit = divmod(index, 8)
@@ -124,7 +134,7 @@ class LoaderState:
         if state.pop(VERSION) != STATE_VERSION:
             raise ValueError(f"loader state version must be {STATE_VERSION}")
         bitmap = state.pop(CONSUMED_BITMAP)
-        consumed = [i for i in range(state[NUM_SAMPLES]) if bitmap[i // 8] >> (i % 8) & 1]
+        consumed = [i for i in range(len(bitmap) * 8) if bitmap[i // 8] >> (i % 8) & 1]
         return cls(
             epoch=state.pop(EPOCH),
             num_samples=state.pop(NUM_SAMPLES),

@@ -35,15 +35,17 @@ class RankRounds:
 
     Args:
         config: Loader settings (budget, window, cap, policy, join, queue depth).
-        view_size: Samples this rank reads this epoch.
+        view_size: Samples this rank reads this epoch; None for a stream, whose end is
+            known only when it is reached (:meth:`mark_exhausted`).
     """
 
-    def __init__(self, config: ODBConfig, view_size: int) -> None:
+    def __init__(self, config: ODBConfig, view_size: int | None) -> None:
         self.config = config
         self.view_size = view_size
         self.read_count = 0
-        self.buffer = SampleBuffer(config.budget, config.window_tokens, config.buffer_size,
-                                   config.age_limit)
+        self.buffer = SampleBuffer(
+            config.budget, config.window_tokens, config.buffer_size, config.age_limit
+        )
         self.read_limit: int | None = None
         self.recirculated = 0
         self.rounds = 0
@@ -52,7 +54,11 @@ class RankRounds:
 
     @property
     def read_done(self) -> bool:
-        return self.read_count >= self.view_size
+        return self.view_size is not None and self.read_count >= self.view_size
+
+    def mark_exhausted(self) -> None:
+        """The stream ended: everything this rank will read has been read."""
+        self.view_size = self.read_count
 
     def _may_read(self) -> bool:
         return not self.read_done and (self.read_limit is None or self.read_count < self.read_limit)
@@ -70,19 +76,25 @@ class RankRounds:
         """Group the window and describe it; call once per round after reading."""
         can_read = self._may_read() and len(self.buffer) < self.config.buffer_size
         self._ready, self._waiting = self.buffer.plan(can_read)
-        return RankStatus(len(self._ready), len(self.buffer), self.read_done, self.read_count,
-                          free_slots)
+        return RankStatus(
+            len(self._ready), len(self.buffer), self.read_done, self.read_count, free_slots
+        )
 
     def decide(self, statuses: Sequence[RankStatus]) -> RoundOutcome:
         """Apply the round's plan (derived from every rank's status) to this rank."""
         cfg = self.config
-        plan = plan_round(statuses, policy=cfg.policy, join=cfg.join,
-                          max_steps=cfg.queue_depth, buffer_size=cfg.buffer_size)
+        plan = plan_round(
+            statuses,
+            policy=cfg.policy,
+            join=cfg.join,
+            max_steps=cfg.queue_depth,
+            buffer_size=cfg.buffer_size,
+        )
         if plan.end:
             return RoundOutcome(plan, LocalSteps((), 0), [])
         self.read_limit = plan.read_limit
         steps = local_steps(self._ready, self._waiting, plan.target, plan.split, cfg.budget)
-        self.recirculated += sum(g.size for g in self._ready[plan.target:])
+        self.recirculated += sum(g.size for g in self._ready[plan.target :])
         self.rounds += 1
         return RoundOutcome(plan, steps, self.buffer.take(steps.groups))
 

@@ -22,15 +22,15 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, Dataset
 
 from odb.comm import AlignmentGroup, Rendezvous
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
+from odb.sources import idle_template, open_samples
 
 _POLL_S = 0.1
 _WATCHDOG_S = 0.5
@@ -61,47 +61,6 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
-class _ViewDataset(Dataset):
-    """Map-style view: item ``i`` is ``(view[i], dataset[view[i]])``."""
-
-    def __init__(self, dataset: Any, view: list[int]) -> None:
-        self.dataset = dataset
-        self.view = view
-
-    def __len__(self) -> int:
-        return len(self.view)
-
-    def __getitem__(self, i: int) -> tuple[int, Any]:
-        index = self.view[i]
-        return index, self.dataset[index]
-
-
-def _null_collate(item: Any) -> Any:
-    return item
-
-
-def _samples(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
-    cfg = job.config
-    loader = DataLoader(
-        _ViewDataset(spec.dataset, job.view),
-        batch_size=None,
-        shuffle=False,
-        num_workers=cfg.num_workers,
-        prefetch_factor=cfg.prefetch_factor,
-        collate_fn=_null_collate,
-    )
-    return iter(loader)
-
-
-def _idle_template(spec: CollateSpec) -> Callable[[], Any]:
-    def template() -> Any:
-        if len(spec.dataset) == 0:
-            raise ValueError("ODB needs a sample to build IDLE steps, but the dataset is empty")
-        return spec.dataset[0]
-
-    return template
-
-
 def collate_main(
     spec: CollateSpec,
     job: EpochJob,
@@ -113,7 +72,9 @@ def collate_main(
     """Body of the collate side; every outcome ends as one message on ``out``."""
     try:
         group = AlignmentGroup(rendezvous, prefix)
-        samples = _samples(spec, job)
+        samples = open_samples(
+            spec.dataset, job.config, job.rank, job.world_size, job.view, job.skip
+        )
 
         def emit(batch: Any) -> None:
             if not _put(out, ("step", batch), stop):
@@ -126,7 +87,14 @@ def collate_main(
                 return 0
 
         result = run_epoch(
-            job, samples, group, spec.collate_fn, spec.meter, _idle_template(spec), emit, free_slots
+            job,
+            samples,
+            group,
+            spec.collate_fn,
+            spec.meter,
+            idle_template(spec.dataset),
+            emit,
+            free_slots,
         )
         _put(out, ("end", result), stop)
     except _Stopped:

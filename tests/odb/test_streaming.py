@@ -1,0 +1,119 @@
+"""Streams (IterableDataset): identity coverage, quota closure, resume by position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import odb
+from tests.dist import run_ranks
+from tests.odb.scenarios import LengthDataset
+
+LENGTHS = [(i * 41) % 180 + 1 for i in range(83)]
+OPTIONS = dict(token_budget=256, window_budgets=2, queue_depth=2, align_timeout_s=60.0)
+
+
+class LengthStream(IterableDataset):
+    """A stream of samples; its item ``p`` carries ``p`` so the test can check identity."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __iter__(self):
+        for position, length in enumerate(self.lengths):
+            ids = torch.arange(length) % 50 + 3
+            yield {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor([position])}
+
+
+def _epochs(rank: int, world_size: int, mode: str, workers: int, join: bool, epochs: int):
+    loader = odb.ODBLoader(LengthStream(LENGTHS), collate_mode=mode, num_workers=workers,
+                           join=join, **OPTIONS)
+    out = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        steps = []
+        for batch in loader:
+            info = odb.pop_step_info(batch)
+            assert list(info.sample_ids) == ([] if info.idle else batch["index"].tolist())
+            steps.append(list(info.sample_ids))
+        out.append((steps, loader.stats()["carried"]))
+    return out
+
+
+def _check_join(per_rank) -> None:
+    for epoch in range(len(per_rank[0])):
+        steps = [r[epoch][0] for r in per_rank]
+        assert len({len(s) for s in steps}) == 1, "step counts differ across ranks"
+        assert sorted(i for s in steps for g in s for i in g) == list(range(len(LENGTHS)))
+
+
+def test_stream_single_process() -> None:
+    _check_join([_epochs(0, 1, "thread", 0, True, 2)])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("world_size", "mode", "workers"), [(2, "thread", 2), (3, "process", 2)])
+def test_stream_join_identity_coverage(world_size: int, mode: str, workers: int) -> None:
+    _check_join(run_ranks(_epochs, world_size, mode, workers, True, 2, timeout=180))
+
+
+@pytest.mark.dist
+def test_stream_non_join_quota_closure() -> None:
+    per_rank = run_ranks(_epochs, 2, "thread", 1, False, 3, timeout=180)
+    carried_before = 0
+    for epoch in range(3):
+        steps = [r[epoch][0] for r in per_rank]
+        assert len({len(s) for s in steps}) == 1
+        emitted = [i for s in steps for g in s for i in g]
+        assert len(emitted) == len(set(emitted)), "a sample was emitted twice in an epoch"
+        carried = sum(r[epoch][1] for r in per_rank)
+        # Stream positions of this epoch are fresh samples; carried ones come first.
+        assert len(emitted) + carried == len(LENGTHS) + carried_before
+        carried_before = carried
+
+
+def _resume_part(rank: int, world_size: int, k: int, state: dict | None):
+    loader = odb.ODBLoader(LengthStream(LENGTHS), collate_mode="thread", **OPTIONS)
+    loader.set_epoch(0)
+    if state is not None:
+        loader.load_state_dict(state)
+    seen = []
+    for step, batch in enumerate(loader):
+        seen += odb.pop_step_info(batch).sample_ids
+        if step + 1 == k:
+            break
+    return seen, loader.state_dict()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("new_world", [2, 3])
+def test_stream_resume_exactly_once(new_world: int) -> None:
+    before = run_ranks(_resume_part, 2, 4, None, timeout=120)
+    after = run_ranks(_resume_part, new_world, -1, before[0][1], timeout=120)
+    emitted = [i for ids, _ in before + after for i in ids]
+    assert sorted(emitted) == list(range(len(LENGTHS)))
+
+
+def test_stream_progress_is_refused_and_estimate_uses_last_epoch() -> None:
+    loader = odb.ODBLoader(LengthStream(LENGTHS), collate_mode="thread", **OPTIONS)
+    with pytest.raises(TypeError, match="stream"):
+        loader.progress()
+    assert loader.estimate_steps() is None
+    steps = sum(1 for _ in loader)
+    assert loader.estimate_steps() == steps
+
+
+def test_map_style_estimate_is_exact_at_epoch_end() -> None:
+    loader = odb.ODBLoader(LengthDataset(LENGTHS), collate_mode="thread", **OPTIONS)
+    estimates, steps = [], 0
+    for _ in loader:
+        steps += 1
+        estimates.append(loader.estimate_steps())
+    assert estimates[-1] == steps and loader.progress() == 1.0
+
+
+def test_wrap_refuses_persistent_workers() -> None:
+    dl = DataLoader(LengthDataset(LENGTHS), batch_size=1, num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        odb.wrap(dl, token_budget=256)
