@@ -1,4 +1,5 @@
 """Benchmarks that print JSON; run on demand, not part of the timed test suite.
 
-Nothing is implemented yet.
+Each module is one benchmark (`python -m bench.<name> --out F`); the commands, the
+machine and the results are in `docs/benchmarks.md`.
 """
