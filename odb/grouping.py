@@ -167,11 +167,15 @@ def form_groups(items: Sequence[Item], budget: TokenBudget) -> list[Group]:
 
 
 def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int) -> list[Group]:
-    """Orders ready groups for emission: overdue first, then fullest first.
+    """Orders ready groups for emission: overdue first, then most real tokens first.
 
     Ranks, in order: groups holding an overdue item (``age >= age_limit``), oldest item
-    first; then complete groups by fill descending; then incomplete groups by fill
-    descending. Ties go to the group with the smallest key. Emitting the first ``k``
+    first; then complete groups by real (unpadded) tokens descending; then incomplete
+    groups likewise. Ties go to the group with the smallest key. Real tokens, not padded
+    cost: a group of short samples always looks full by padded cost, so ordering by cost
+    keeps emitting short groups while long samples wait until they are overdue and clog
+    the window (measured: W=1 padding efficiency 0.969 -> 0.979 on the ShareGPT4o-shaped
+    lengths, docs/benchmarks.md). Emitting the first ``k``
     groups each round bounds every item's wait: if at most ``k`` items arrive per round,
     no item waits more than ``age_limit`` rounds.
 
@@ -204,9 +208,8 @@ def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int)
         oldest = max(item.age for item in g.items)
         if oldest >= age_limit:
             return (0, -oldest, min(g.keys))
-        # Compare exact integer cost, not float fill: same order (one max_tokens), and
-        # no rounding can make two ranks disagree.
-        return (1 if g.complete else 2, -budget.cost(g.measure), min(g.keys))
+        # Exact integers, not float fill, so no rounding can make two ranks disagree.
+        return (1 if g.complete else 2, -g.measure.sum_len, min(g.keys))
 
     return sorted(groups, key=rank)
 
