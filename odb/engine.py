@@ -160,11 +160,25 @@ def run_epoch(
             break
         batches = state.build(outcome.payloads, outcome.steps.idle)
         started = time.perf_counter()
-        totals = group.sum_counts([n for b in batches for n in (b[1], b[2])])
+        # Per step: samples, loss tokens, real tokens; per round: what was read so far.
+        counts = [
+            n
+            for _, info, real in batches
+            for n in (info.local_samples, info.local_loss_tokens, real)
+        ]
+        totals = group.sum_counts(counts + [rounds.read_count, state.read_tokens])
         metrics.align_seconds += time.perf_counter() - started
         metrics.rounds += 1
-        for i, (batch, _, _, info) in enumerate(batches):
-            info = replace(info, global_samples=totals[2 * i], global_loss_tokens=totals[2 * i + 1])
+        read_samples, read_tokens = totals[-2:]
+        for i, (batch, info, _) in enumerate(batches):
+            info = replace(
+                info,
+                global_samples=totals[3 * i],
+                global_loss_tokens=totals[3 * i + 1],
+                global_real_tokens=totals[3 * i + 2],
+                epoch_read_samples=read_samples,
+                epoch_read_tokens=read_tokens,
+            )
             for item, window_tokens, normalizer in windows.push(
                 (batch, info), info.global_loss_tokens
             ):
@@ -221,6 +235,7 @@ class _RoundState:
         self.template: Any = None
         self.round = 0
         self.step = 0
+        self.read_tokens = 0
 
     def read(self, rounds: RankRounds, index: int, sample: Any) -> None:
         """Measure, validate and buffer one sample read from the view."""
@@ -230,25 +245,26 @@ class _RoundState:
         if self.job.config.budget.is_oversize(length, patches):
             self.metrics.oversize += 1
         rounds.add(length, patches, (index, sample, length))
+        self.read_tokens += length
 
-    def build(self, groups: list[list[Any]], idle: int) -> list[tuple[Any, int, int, StepInfo]]:
-        """``(batch, local samples, local loss tokens, info)`` per step, real ones first."""
+    def build(self, groups: list[list[Any]], idle: int) -> list[tuple[Any, StepInfo, int]]:
+        """``(batch, partial step info, real tokens)`` per step, real steps first."""
         out = []
         for payloads in groups:
             lengths = [length for _, _, length in payloads]
             self.metrics.record_group(lengths, _group_fill(self.job.config.budget, lengths))
             batch = self._collate([sample for _, sample, _ in payloads])
-            out.append(self._step(batch, tuple(index for index, _, _ in payloads), idle=False))
+            ids = tuple(index for index, _, _ in payloads)
+            out.append((batch, self._step(batch, ids, idle=False), sum(lengths)))
         for _ in range(idle):
             self.metrics.steps += 1
             self.metrics.idle_steps += 1
-            out.append(self._step(self._idle_batch(), (), idle=True))
+            batch = self._idle_batch()
+            out.append((batch, self._step(batch, (), idle=True), 0))
         self.round += 1
         return out
 
-    def _step(
-        self, batch: MutableMapping[str, Any], ids: tuple[int, ...], idle: bool
-    ) -> tuple[Any, int, int, StepInfo]:
+    def _step(self, batch: MutableMapping[str, Any], ids: tuple[int, ...], idle: bool) -> StepInfo:
         cfg = self.job.config
         tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
         info = StepInfo(
@@ -267,7 +283,7 @@ class _RoundState:
             rank=self.job.rank,
         )
         self.step += 1
-        return batch, len(ids), tokens, info
+        return info
 
     def _collate(self, samples: list[Any]) -> MutableMapping[str, Any]:
         batch = self.collate_fn(samples)

@@ -26,7 +26,7 @@ from odb.resume import LoaderState, merge
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import rank_view
 from odb.sources import is_stream
-from odb.step_info import STEP_INFO_KEY
+from odb.step_info import STEP_INFO_KEY, StepInfo
 
 
 class ODBLoader:
@@ -91,6 +91,8 @@ class ODBLoader:
         self._carry_samples: list[tuple[int, Any]] = []  # a stream's non-join carry
         self._stream = is_stream(dataset)
         self._steps = 0
+        self._real_tokens = 0
+        self._last_info: StepInfo | None = None
         self._last_epoch_steps: int | None = None
         self._last_stats: dict[str, float | int] = {}
         self._emitted_global = 0
@@ -137,13 +139,18 @@ class ODBLoader:
     def estimate_steps(self) -> int | None:
         """Estimated steps of the current epoch, for schedulers; None before any evidence.
 
-        Method: during an epoch with progress ``p > 0`` after ``k`` steps, ``round(k / p)``
-        (exact at the end of the epoch); before the first step, the step count of the
-        last finished epoch. The measured error is in ``docs/benchmarks.md``.
+        Method: steps are close to proportional to real tokens (each fills the budget about
+        equally), and the samples read so far are a random prefix of the shuffled views.
+        So after ``k`` steps holding ``t`` real tokens, with the ranks having read ``r``
+        samples of ``R`` tokens out of ``N``: ``round(N * R / r / (t / k))``, never less
+        than ``k``. Before the first step (and for streams, whose size is unknown) the
+        last epoch's step count. Measured error: ``docs/resume.md``.
         """
-        if not self._stream and self._steps and self._emitted_global and self._epoch_total:
-            return round(self._steps / min(self._emitted_global / self._epoch_total, 1.0))
-        return self._last_epoch_steps
+        info = self._last_info
+        if self._stream or info is None or not info.epoch_read_samples or not self._real_tokens:
+            return self._last_epoch_steps
+        total_tokens = self._epoch_total * info.epoch_read_tokens / info.epoch_read_samples
+        return max(self._steps, round(total_tokens / (self._real_tokens / self._steps)))
 
     def stats(self) -> dict[str, float | int]:
         """Metrics of the last finished epoch, plus the trainer's data-wait time."""
@@ -216,6 +223,7 @@ class ODBLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._restored, self._resume = self._resume, None
         self._consumed, self._epoch_done, self._steps = [], False, 0
+        self._real_tokens, self._last_info = 0, None
         self._emitted_global = len(self._restored.consumed) if self._restored else 0
         job = self._stream_job() if self._stream else self._map_job()
         self._carry, self._carry_samples = [], []
@@ -265,6 +273,8 @@ class ODBLoader:
                     break
                 info = batch[STEP_INFO_KEY]
                 self._steps += 1
+                self._real_tokens += info.global_real_tokens
+                self._last_info = info
                 self._emitted_global += info.global_samples
                 self._consumed.extend(info.sample_ids)
                 yield batch

@@ -38,6 +38,11 @@ class StepInfo:
             mean loss of the window. Pass it to HF models as ``num_items_in_batch``.
         world_size: Ranks taking part.
         rank: This rank.
+        global_real_tokens: Unpadded tokens of this step over all ranks.
+        epoch_read_samples: Samples all ranks had read this epoch when the step's round
+            was planned (a random prefix of the shuffled views: used to estimate the
+            epoch's total tokens).
+        epoch_read_tokens: Their tokens.
     """
 
     epoch: int
@@ -53,6 +58,9 @@ class StepInfo:
     loss_normalizer: float
     world_size: int
     rank: int
+    global_real_tokens: int = 0
+    epoch_read_samples: int = 0
+    epoch_read_tokens: int = 0
 
 
 def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
