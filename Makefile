@@ -29,4 +29,6 @@ test: $(STAMP)
 # PATH puts the venv first so rules' `python -m ...` lines use this environment.
 reproduce: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --cores 2
-	@echo "Main job done (placeholder smoke job): results/smoke/smoke.json"
+	@echo "Main job done (CPU-proxy scale so far: data stage). Outputs under results/:"
+	@echo "  results/data/length_stats/<dataset>.json|.png  post-pipeline length statistics"
+	@echo "  results/data/proxies, results/data/assets       proxy datasets, tokenizer, tiny Qwen3-VL"

@@ -10,6 +10,7 @@ configfile: "config/cpu.yaml"
 
 
 include: "experiments/rules/smoke.smk"
+include: "experiments/rules/data.smk"
 
 
 # Collects targets only; never worth a cluster job.
@@ -20,4 +21,5 @@ localrules:
 rule all:
     input:
         rules.smoke.output.json,
+        expand("results/data/length_stats/{dataset}.json", dataset=config["data"]["datasets"]),
     default_target: True

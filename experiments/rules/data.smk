@@ -1,0 +1,90 @@
+# Data stage: proxy datasets (CPU scale), local assets, post-pipeline length statistics.
+#
+# CPU scale (config data.source = proxies): proxies -> assets -> length_stats per dataset.
+# Paper scale (data.source = hub): length_stats reads the hub datasets through the same
+# code with the real Qwen3-VL processor; the proxy and asset rules are not in the DAG.
+
+
+def _processor():
+    if config["data"]["source"] == "proxies":
+        return "results/data/assets/processor"
+    return config["model"]["processor"]
+
+
+def _length_stats_inputs(wildcards):
+    return ["results/data/assets"] if config["data"]["source"] == "proxies" else []
+
+
+def _source(dataset):
+    spec = config["data"]["datasets"][dataset]
+    if config["data"]["source"] == "proxies":
+        return f"results/data/proxies/{dataset}"
+    return spec["hub"]
+
+
+def _source_args(dataset):
+    spec = config["data"]["datasets"][dataset]
+    args = [f"--image-max-pixels {spec['image_max_pixels']}"]
+    if config["data"]["source"] == "hub":
+        for key, flag in (("subset", "--subset"), ("split", "--split"), ("image_dir", "--image-dir")):
+            if spec.get(key):
+                args.append(f"{flag} {spec[key]}")
+    return " ".join(args)
+
+
+rule proxies:
+    output:
+        directory("results/data/proxies"),
+    log:
+        "logs/data/proxies.log",
+    params:
+        samples=config["data"].get("proxy_samples", 0),
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "python -m experiments.data.proxies --out {output} --num-samples {params.samples}"
+        " --seed {params.seed} > {log} 2>&1"
+
+
+rule assets:
+    input:
+        rules.proxies.output,
+    output:
+        directory("results/data/assets"),
+    log:
+        "logs/data/assets.log",
+    params:
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "python -m experiments.data.assets --proxies {input} --out {output} --seed {params.seed}"
+        " > {log} 2>&1"
+
+
+rule length_stats:
+    input:
+        _length_stats_inputs,
+    output:
+        json="results/data/length_stats/{dataset}.json",
+        hist="results/data/length_stats/{dataset}.png",
+    log:
+        "logs/data/length_stats_{dataset}.log",
+    params:
+        source=lambda wc: _source(wc.dataset),
+        extra=lambda wc: _source_args(wc.dataset),
+        processor=_processor(),
+        cutoff=config["data"]["cutoff_len"],
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "python -m experiments.data.length_stats --dataset {wildcards.dataset}"
+        " --source {params.source} {params.extra} --processor {params.processor}"
+        " --cutoff-len {params.cutoff} --hist {output.hist} --out {output.json} > {log} 2>&1"
