@@ -5,35 +5,66 @@ collate (one ``(index, sample)`` per item, public ``torch.utils.data`` API only)
 :func:`odb.engine.run_epoch`, and puts finished batches on a bounded queue. Tensors
 cross the process boundary through shared memory (``torch.multiprocessing``).
 
-Failure contract: an exception on the collate side (or in a worker, which the
-DataLoader re-raises there) is sent to the trainer and re-raised with its original
-type and the remote traceback attached; a collate process that dies without a word is
-reported with its exit code; a collate process whose trainer dies exits by itself
-(parent watchdog), so no orphan keeps Gloo connections or shared memory alive.
+Failure contract (``docs/reliability.md`` has the full table):
+
+- an exception on the collate side (or in a worker, which the DataLoader re-raises
+  there) is sent to the trainer and re-raised with its original type and the remote
+  traceback attached; before that, the collate side leaves the alignment group and
+  leaves a note naming the error in the rendezvous store, so the peers' collectives fail
+  at once and say which rank failed first;
+- a collate process that dies without a word (SIGKILL, OOM) is reported with its exit
+  code or signal, also when it dies while a batch is in flight;
+- a collate process whose trainer dies exits by itself within ``_WATCHDOG_S`` (parent
+  watchdog), so no orphan keeps Gloo connections or shared memory alive; its
+  DataLoader workers follow by PyTorch's own watchdog;
+- with more than one rank, a trainer waiting for a collate side that makes no progress
+  at all (no sample read, no collective finished, no group collated) for
+  ``align_timeout_s`` plus a grace raises :class:`~odb.comm.AlignmentTimeoutError`
+  instead of waiting forever (a stuck ``__getitem__`` or worker; its peers time out
+  at ``align_timeout_s`` anyway);
+- the collate process ignores SIGINT: Ctrl-C interrupts the trainer, whose iterator
+  cleanup stops the collate side (as PyTorch's DataLoader workers do).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
-from odb.comm import AlignmentGroup, Rendezvous
+from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 from odb.sources import idle_template, open_samples
 
+# How often the trainer re-checks a silent collate side, and the collate side re-checks
+# a full queue for a trainer that stopped listening.
 _POLL_S = 0.1
+# How often a collate process checks that its trainer is still alive.
 _WATCHDOG_S = 0.5
+# A collate process still running this long after the trainer stopped it (stuck in the
+# dataset or a collective) kills its workers and exits.
+_STOP_GRACE_S = 2.0
+# A trainer waiting on a collate side without progress raises after align_timeout_s
+# plus this (the peers' own collectives have timed out by then).
+_STALL_GRACE_S = 5.0
+# Before the alignment group exists (process start-up, rendezvous), the limit is
+# init_timeout_s plus this.
+_STARTUP_GRACE_S = 30.0
 _LIVE_RUNNERS: weakref.WeakSet[CollateRunner] = weakref.WeakSet()
 
 
@@ -61,6 +92,68 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
+class Heartbeat:
+    """A counter the collate side bumps whenever it makes progress; the trainer reads it.
+
+    In process mode the counter is a one-element shared-memory tensor (its file
+    descriptor is released with the runner; nothing is left in ``/dev/shm``).
+    """
+
+    def __init__(self, shared: bool) -> None:
+        self.count = torch.zeros(1, dtype=torch.int64)
+        if shared:
+            self.count.share_memory_()
+
+    def beat(self) -> None:
+        self.count.add_(1)
+
+    def value(self) -> int:
+        return int(self.count[0])
+
+
+class _BeatingGroup(AlignmentGroup):
+    """The alignment group, beating after every completed collective."""
+
+    def __init__(self, rendezvous: Rendezvous | None, prefix: str, heartbeat: Heartbeat) -> None:
+        super().__init__(rendezvous, prefix)
+        self.heartbeat = heartbeat
+
+    def gather_status(self, row: list[int]) -> list[list[int]]:
+        rows = super().gather_status(row)
+        self.heartbeat.beat()
+        return rows
+
+    def sum_counts(self, counts: list[int]) -> list[int]:
+        totals = super().sum_counts(counts)
+        self.heartbeat.beat()
+        return totals
+
+
+def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Iterator[Any]:
+    """The samples, beating on each; names a worker that died mid-transfer.
+
+    A DataLoader worker killed while it hands over a sample can surface as a bare
+    ``EOFError``/``ConnectionError`` (the pipe or the shared-memory handshake breaks
+    before the worker is seen dead). Errors of the user's dataset reach this point
+    wrapped by the DataLoader ("Caught ... in DataLoader worker"), so they pass as is.
+    """
+    while True:
+        try:
+            item = next(samples)
+        except StopIteration:
+            return
+        except (EOFError, ConnectionError) as exc:
+            if job.config.num_workers == 0 or str(exc).startswith("Caught "):
+                raise
+            raise RuntimeError(
+                f"a DataLoader worker of rank {job.rank} exited unexpectedly while handing "
+                f"over a sample ({type(exc).__name__}: {exc}); was it killed (OOM killer, "
+                "signal)?"
+            ) from exc
+        heartbeat.beat()
+        yield item
+
+
 def collate_main(
     spec: CollateSpec,
     job: EpochJob,
@@ -68,16 +161,31 @@ def collate_main(
     prefix: str,
     out: Any,
     stop: Any,
+    heartbeat: Heartbeat | None = None,
+    encode: bool = False,
 ) -> None:
-    """Body of the collate side; every outcome ends as one message on ``out``."""
+    """Body of the collate side; every outcome ends as one message on ``out``.
+
+    With ``encode`` (process mode) messages are pickled here, so a batch that cannot
+    cross the process boundary fails as an error the trainer sees, instead of being
+    dropped by the queue's feeder thread.
+    """
+    heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
+    group: AlignmentGroup | None = None
     try:
-        group = AlignmentGroup(rendezvous, prefix)
-        samples = open_samples(
-            spec.dataset, job.config, job.rank, job.world_size, job.view, job.skip
+        # Workers start (fork) before the group exists, so they hold no copy of its
+        # sockets: a dead collate process then closes its connections at once.
+        samples = _beating(
+            open_samples(spec.dataset, job.config, job.rank, job.world_size, job.view, job.skip),
+            heartbeat,
+            job,
         )
+        group = _BeatingGroup(rendezvous, prefix, heartbeat)
+        heartbeat.beat()
 
         def emit(batch: Any) -> None:
-            if not _put(out, ("step", batch), stop):
+            heartbeat.beat()
+            if not _put(out, ("step", batch), stop, encode):
                 raise _Stopped
 
         def free_slots() -> int:
@@ -86,40 +194,80 @@ def collate_main(
             except NotImplementedError:  # macOS: qsize is unavailable
                 return 0
 
+        def collate_fn(samples: list[Any]) -> Any:
+            heartbeat.beat()
+            return spec.collate_fn(samples)
+
         result = run_epoch(
             job,
             samples,
             group,
-            spec.collate_fn,
+            collate_fn,
             spec.meter,
             idle_template(spec.dataset),
             emit,
             free_slots,
         )
-        _put(out, ("end", result), stop)
+        group.close()
+        _put(out, ("end", result), stop, encode)
     except _Stopped:
         pass
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
+        _silence_sigchld()
         packed = _pack_error(exc)
+        if group is not None:
+            # Tell the peers who failed first, then leave the group: their collectives
+            # fail at once instead of waiting out align_timeout_s.
+            if not isinstance(exc, AlignmentTimeoutError):
+                group.report_failure(packed[1])
+            group.close()
         # Frames of the traceback keep the DataLoader iterator (and its workers) alive.
         traceback.clear_frames(exc.__traceback__)
-        _put(out, ("error", packed), stop, give_up_s=5.0)
+        del exc
+        _put(out, ("error", packed), stop, encode)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _silence_sigchld() -> None:
+    """Keep the DataLoader's SIGCHLD handler from raising into the error report.
+
+    In the collate process's main thread the DataLoader installs a SIGCHLD handler that
+    raises when a worker dies; a second raise while the first error is being reported
+    would end the process before the report is sent. Retried, because a pending signal
+    can fire again on the way in. No-op in a thread (the handler is main-thread only).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for _ in range(10):
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            return
+        except BaseException:  # noqa: BLE001, S112 - raised by the pending handler itself
+            continue
 
 
 class _Stopped(Exception):
     """The trainer closed the iterator; the collate side ends quietly."""
 
 
-def _put(out: Any, message: Any, stop: Any, give_up_s: float | None = None) -> bool:
-    """Put unless the trainer stopped listening; False when the message was not sent."""
-    deadline = None if give_up_s is None else time.monotonic() + give_up_s
+def _put(out: Any, message: Any, stop: Any, encode: bool) -> bool:
+    """Put unless the trainer stopped listening; False when the message was not sent.
+
+    Never gives up while the trainer listens: a dropped message (an error above all)
+    would leave the trainer waiting for a collate side that has nothing more to say.
+    """
+    if stop.is_set():
+        return False
+    if encode:
+        message = bytes(ForkingPickler.dumps(message))
     while not stop.is_set():
         try:
             out.put(message, timeout=_POLL_S)
             return True
         except queue.Full:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
+            continue
     return False
 
 
@@ -148,21 +296,53 @@ def _process_entry(
     out: Any,
     stop: Any,
     parent_pid: int,
+    heartbeat: Heartbeat,
+    start_method: str,
 ) -> None:
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    collate_main(spec, job, rendezvous, prefix, out, stop)
+    # Ctrl-C reaches the whole foreground process group; the trainer handles it and
+    # stops this process through the iterator's cleanup.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # DataLoader workers start the way they would in the trainer (a spawned child
+    # otherwise defaults to spawn, whatever the trainer uses).
+    multiprocessing.set_start_method(start_method, force=True)
+    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encode=True)
     # Stay alive until the trainer has taken everything: tensors travel as shared-memory
     # file descriptors that this process must still be able to hand over.
     stop.wait()
     out.cancel_join_thread()
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exit at once when the trainer process is gone (no orphaned collate process)."""
+def _watchdog(parent_pid: int, stop: Any) -> None:
+    """End this collate process when its trainer is gone, or stopped it and it is stuck.
+
+    Either way its DataLoader workers are killed first: a worker stuck in the user's
+    ``__getitem__`` would otherwise outlive it until the call returns.
+    """
+    stopped_at = None
     while True:
         time.sleep(_WATCHDOG_S)
         if os.getppid() != parent_pid:
-            os._exit(1)
+            _exit_now()
+        if stopped_at is None and stop.is_set():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
+            _exit_now()
+
+
+def _exit_now() -> None:
+    for child in multiprocessing.active_children():
+        try:
+            child.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    os._exit(1)
+
+
+def _trainer_start_method() -> str:
+    # allow_none: reading the default must not fix it for the user's program.
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]
 
 
 class CollateRunner:
@@ -175,14 +355,29 @@ class CollateRunner:
         self.where = f"the ODB collate {cfg.collate_mode} of rank {job.rank}"
         self.result: EpochResult | None = None
         self._closed = False
-        if cfg.collate_mode == "process":
+        self._process = cfg.collate_mode == "process"
+        self._heartbeat = Heartbeat(shared=self._process)
+        self._rendezvous = rendezvous
+        self._last_beat = -1
+        self._last_progress = time.monotonic()
+        if self._process:
             ctx = mp.get_context("spawn")
             self._queue: Any = ctx.Queue(maxsize=cfg.queue_depth)
             self._stop: Any = ctx.Event()
             self._worker: Any = ctx.Process(
                 target=_process_entry,
                 name=f"odb-collate-rank{job.rank}",
-                args=(spec, job, rendezvous, prefix, self._queue, self._stop, os.getpid()),
+                args=(
+                    spec,
+                    job,
+                    rendezvous,
+                    prefix,
+                    self._queue,
+                    self._stop,
+                    os.getpid(),
+                    self._heartbeat,
+                    _trainer_start_method(),
+                ),
             )
         else:
             self._queue = queue.Queue(maxsize=cfg.queue_depth)
@@ -191,7 +386,7 @@ class CollateRunner:
                 target=collate_main,
                 name=f"odb-collate-rank{job.rank}",
                 daemon=True,
-                args=(spec, job, rendezvous, prefix, self._queue, self._stop),
+                args=(spec, job, rendezvous, prefix, self._queue, self._stop, self._heartbeat),
             )
         self._worker.start()
         _LIVE_RUNNERS.add(self)
@@ -203,39 +398,105 @@ class CollateRunner:
             return 0
 
     def next_batch(self) -> Any | None:
-        """The next batch, or None at the end of the epoch; re-raises collate errors."""
+        """The next batch, or None at the end of the epoch; re-raises collate errors.
+
+        Raises:
+            RuntimeError: The collate process died without reporting an error.
+            AlignmentTimeoutError: With more than one rank, the collate side made no
+                progress for longer than ``align_timeout_s`` (plus a grace).
+        """
+        waiting_since = time.monotonic()
         while True:
             try:
-                kind, payload = self._queue.get(timeout=_POLL_S)
+                message = self._receive()
             except queue.Empty:
                 if not self._worker.is_alive():
                     return self._died()
+                self._check_progress(waiting_since)
                 continue
-            if kind == "step":
-                return payload
-            if kind == "end":
-                self.result = payload
-                return None
-            raise _unpack_error(payload, self.where)
+            return self._handle(message)
 
-    def _died(self) -> None:
-        try:  # a last message may have landed between the poll and the liveness check
-            kind, payload = self._queue.get(timeout=1.0)
+    def _receive(self, timeout_s: float = _POLL_S) -> tuple[str, Any]:
+        if not self._process:
+            return self._queue.get(timeout=timeout_s)
+        try:
+            data = self._queue.get(timeout=timeout_s)
+            return ForkingPickler.loads(data)
         except queue.Empty:
-            code = getattr(self._worker, "exitcode", None)
-            raise RuntimeError(
-                f"{self.where} exited unexpectedly (exit code {code}); if it was "
-                "killed by the OOM killer, lower buffer_size or queue_depth"
-            ) from None
+            raise
+        except Exception as exc:
+            # A batch whose shared memory can no longer be fetched: its sender died
+            # while the batch was in flight.
+            self._worker.join(1.0)
+            if not self._worker.is_alive():
+                raise RuntimeError(self._death_message()) from exc
+            raise
+
+    def _handle(self, message: tuple[str, Any]) -> Any | None:
+        kind, payload = message
+        if kind == "step":
+            return payload
         if kind == "end":
             self.result = payload
             return None
         raise _unpack_error(payload, self.where)
 
+    def _check_progress(self, waiting_since: float) -> None:
+        """Raise when a multi-rank collate side has made no progress for too long."""
+        rendezvous = self._rendezvous
+        if rendezvous is None:
+            return  # world size 1: nobody waits on us, a slow dataset is just slow
+        now = time.monotonic()
+        beat = self._heartbeat.value()
+        if beat != self._last_beat:
+            self._last_beat, self._last_progress = beat, now
+            return
+        if beat == 0:
+            limit = rendezvous.init_timeout_s + _STARTUP_GRACE_S
+            what = f"joined the alignment group (init_timeout_s={rendezvous.init_timeout_s} s)"
+        else:
+            limit = rendezvous.align_timeout_s + _STALL_GRACE_S
+            what = (
+                "read a sample, finished a collective or collated a group "
+                f"(align_timeout_s={rendezvous.align_timeout_s} s)"
+            )
+        silent = now - max(self._last_progress, waiting_since)
+        if silent > limit:
+            raise AlignmentTimeoutError(
+                f"{self.where} has not {what} for {silent:.1f} s: the dataset, a "
+                "DataLoader worker or collate_fn is stuck, or one sample takes longer than "
+                "align_timeout_s to load (its peers have timed out by now). Raise "
+                "align_timeout_s if that is legitimate"
+            )
+
+    def _death_message(self) -> str:
+        code = getattr(self._worker, "exitcode", None)
+        how = f"exit code {code}"
+        if isinstance(code, int) and code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}, exit code {code}"
+            except ValueError:
+                pass
+        return (
+            f"{self.where} exited unexpectedly ({how}); if it was killed by the OOM "
+            "killer, lower buffer_size or queue_depth"
+        )
+
+    def _died(self) -> None:
+        try:  # a last message may have landed between the poll and the liveness check
+            message = self._receive(timeout_s=1.0)
+        except queue.Empty:
+            raise RuntimeError(self._death_message()) from None
+        if message[0] == "step":  # the queue is closing; the missing end is the news
+            raise RuntimeError(self._death_message())
+        return self._handle(message)
+
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the collate side and wait for it; kill it if it does not stop in time.
 
-        Idempotent: the iterator's cleanup and the exit hook may both call it.
+        Idempotent: the iterator's cleanup and the exit hook may both call it. A collate
+        thread blocked in a collective cannot be interrupted: it ends when the collective
+        does (at the latest after ``align_timeout_s``).
         """
         if self._closed:
             return
@@ -253,3 +514,20 @@ class CollateRunner:
             self._worker.join(2.0)
         self._queue.cancel_join_thread()
         self._queue.close()
+        if isinstance(self._worker.exitcode, int) and self._worker.exitcode < 0:
+            _remove_shm_of(self._worker.pid)
+
+
+def _remove_shm_of(pid: int | None) -> None:
+    """Remove shared-memory files a signal-killed collate process left half-made.
+
+    torch names a segment ``torch_<pid>_...`` and unlinks it as soon as it is mapped, so
+    a named file left by a dead process is one it was killed in the middle of making;
+    whoever holds the segment keeps it through its descriptor.
+    """
+    if pid is None or not os.path.isdir("/dev/shm"):
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"torch_{pid}_"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))

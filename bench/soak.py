@@ -1,0 +1,276 @@
+"""Randomized soak: many seeded multi-rank scenarios, each under a hard wall-clock limit.
+
+Every scenario is drawn from its seed (world size 1-4, collate thread or process,
+0-2 DataLoader workers, fork or spawn workers, budgets from tiny to large, skewed and
+long-tail lengths with over-budget samples, empty shards, join and non-join, 1-3
+epochs, both alignment policies, gradient accumulation, small and large buffers and
+queues) and run on real ranks (Gloo over TCP on 127.0.0.1) by ``tests.dist.run_ranks``.
+Zero-length samples are an error by design (``tests/odb/test_bad_input.py``), so no
+scenario has them.
+
+What is audited per scenario (``audit``), then summed:
+
+- ``hangs``: a run still going at its hard limit (ranks killed, stacks kept);
+- ``lost_ids`` / ``duplicated_ids``: join mode, every index of the dataset exactly once
+  per epoch; non-join, no index twice in an epoch and ``emitted + carried`` equal to the
+  epoch's quota (a shortfall counts as lost, an excess as duplicated);
+- ``step_count_disagreements``: epochs in which the ranks yielded different numbers of
+  steps;
+- ``budget_violations``: multi-sample groups whose padded cost exceeds the budget;
+- ``failures``: everything else (a rank raised, or another invariant of
+  ``tests.odb.scenarios.check_scenario`` broke), each with its seed.
+
+Scenarios of the same world size run in batches of ``--batch`` on one set of ranks
+(the hard limit is the sum of theirs); a batch that fails is re-run one scenario at
+a time, each with its own limit, so every failure names its seed.
+
+    python -m bench.soak --scenarios 500 --seed 0 --out results/bench/soak.json
+
+Prints one JSON document; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.dist import run_ranks
+from tests.odb.scenarios import Scenario, check_scenario, draw_lengths, run_scenario
+
+BUDGETS = (4, 16, 64, 256, 1024, 8192)
+LIMIT_S = 90.0  # hard wall-clock limit of one scenario
+COUNTERS = (
+    "hangs",
+    "lost_ids",
+    "duplicated_ids",
+    "step_count_disagreements",
+    "budget_violations",
+)
+
+
+def draw(seed: int, quick: bool = False) -> tuple[Scenario, str]:
+    """The scenario of ``seed`` and the start method of its ranks' DataLoader workers.
+
+    ``quick`` (the CI slice) draws the same space but cheaper: one or two epochs, at
+    most 60 samples, a collate process in a third of the scenarios (each costs a
+    process start per epoch) and forked workers only.
+    """
+    if quick:
+        scenario, _ = draw(seed)
+        rng = random.Random(seed * 7919 + 1)
+        mode = "process" if rng.random() < 1 / 3 else "thread"
+        options = dict(scenario.options, collate_mode=mode)
+        lengths = scenario.lengths[:60]
+        epochs = min(scenario.epochs, 2)
+        return Scenario(seed, scenario.world_size, lengths, options, epochs=epochs), "fork"
+    rng = random.Random(seed)
+    world_size = rng.randint(1, 4)
+    mode = rng.choice(["thread", "process"])
+    budget = rng.choice(BUDGETS)
+    n = rng.choice([0, 1, world_size - 1, rng.randint(world_size, 40), rng.randint(40, 160)])
+    skewed = rng.random() < 0.5
+    lengths = draw_lengths(rng, max(n, 0), budget, world_size, skewed)
+    # A few samples over the budget whatever the profile (singleton groups).
+    lengths = [
+        rng.randint(budget + 1, 2 * budget + 1) if rng.random() < 0.05 else length
+        for length in lengths
+    ]
+    workers = rng.choice([0, 1, 2])
+    options = dict(
+        token_budget=budget,
+        policy=rng.choice(["balanced", "paper"]),
+        join=rng.random() < 0.6,
+        grad_accum_steps=rng.choice([1, 1, 2, 3]),
+        window_budgets=rng.choice([1, 2, 8, 64]),
+        buffer_size=rng.choice([1, 4, 16, 256]),
+        queue_depth=rng.choice([1, 2, 8]),
+        age_limit=rng.choice([1, 4, 16]),
+        shuffle=not skewed,
+        seed=rng.randint(0, 1000),
+        collate_mode=mode,
+        num_workers=workers,
+        prefetch_factor=rng.choice([1, 2, 4]) if workers else None,
+        align_timeout_s=60.0,
+        init_timeout_s=60.0,
+    )
+    start_method = "spawn" if rng.random() < 0.2 else "fork"
+    return Scenario(seed, world_size, lengths, options, epochs=rng.choice([1, 2, 3])), start_method
+
+
+def _run_batch(rank: int, world_size: int, seeds: list[int], quick: bool) -> list[Any]:
+    """Rank body: run each scenario; an exception is a result, not the end of the batch."""
+    out: list[Any] = []
+    for seed in seeds:
+        scenario, start_method = draw(seed, quick)
+        multiprocessing.set_start_method(start_method, force=True)
+        try:
+            out.append(("ok", run_scenario(scenario)))
+        except Exception as exc:  # noqa: BLE001 - reported with its seed
+            out.append(("error", f"{type(exc).__name__}: {exc}"[:2000]))
+    return out
+
+
+def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Count invariant violations on what the ranks yielded; never raises."""
+    counts = Counter({key: 0 for key in COUNTERS})
+    opts, lengths = scenario.options, scenario.lengths
+    budget = opts["token_budget"]
+    carried_before = 0
+    for epoch in range(scenario.epochs):
+        epochs = [records[epoch] for records in per_rank]
+        steps = [len(e["steps"]) for e in epochs]
+        if len(set(steps)) > 1:
+            counts["step_count_disagreements"] += 1
+        emitted = []
+        for e in epochs:
+            for s in e["steps"]:
+                emitted.extend(s["ids"])
+                if len(s["ids"]) > 1:
+                    cost = max(lengths[i] for i in s["ids"]) * len(s["ids"])
+                    counts["budget_violations"] += cost > budget
+        duplicates = len(emitted) - len(set(emitted))
+        counts["duplicated_ids"] += duplicates
+        carried = sum(e["stats"]["carried"] for e in epochs)
+        if opts["join"]:
+            counts["lost_ids"] += len(set(range(len(lengths))) - set(emitted))
+        else:
+            gap = len(lengths) + carried_before - (len(emitted) + carried)
+            counts["lost_ids"] += max(gap, 0)
+            counts["duplicated_ids"] += max(-gap, 0)
+            carried_before = carried
+    result: dict[str, Any] = dict(counts)
+    try:
+        check_scenario(scenario, per_rank)
+    except AssertionError as exc:
+        result["invariant"] = str(exc)[:500] or "check_scenario failed"
+    return result
+
+
+def _record(
+    totals: Counter, failures: list[dict[str, Any]], seed: int, outcome: Any, quick: bool
+) -> None:
+    scenario, _ = draw(seed, quick)
+    per_rank = [rank_results for rank_results in outcome]
+    errors = [value for status, value in per_rank if status == "error"]
+    if errors:
+        failures.append(dict(seed=seed, kind="error", message=errors[0]))
+        return
+    found = audit(scenario, [value for _, value in per_rank])
+    for key in COUNTERS:
+        totals[key] += found[key]
+    bad = {k: found[k] for k in COUNTERS if found[k]}
+    if bad or "invariant" in found:
+        failures.append(
+            dict(seed=seed, kind="invariant", counts=bad, message=found.get("invariant"))
+        )
+
+
+def _batch(world: int, seeds: list[int], limit_s: float, quick: bool) -> list[list[Any]] | str:
+    """Per-scenario outcomes ``[scenario][rank]``, or the harness's failure text."""
+    try:
+        ranks = run_ranks(_run_batch, world, seeds, quick, timeout=limit_s * len(seeds))
+    except AssertionError as exc:
+        return str(exc)
+    return [[ranks[r][k] for r in range(world)] for k in range(len(seeds))]
+
+
+def run_soak(
+    scenarios: int,
+    seed: int = 0,
+    batch: int = 6,
+    limit_s: float = LIMIT_S,
+    quick: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Run ``scenarios`` seeded scenarios (seeds ``seed .. seed + scenarios - 1``)."""
+    started = time.perf_counter()
+    seeds = list(range(seed, seed + scenarios))
+    by_world: dict[int, list[int]] = {}
+    for s in seeds:
+        by_world.setdefault(draw(s, quick)[0].world_size, []).append(s)
+    totals: Counter = Counter({key: 0 for key in COUNTERS})
+    failures: list[dict[str, Any]] = []
+    done = 0
+    for world, group in sorted(by_world.items()):
+        for at in range(0, len(group), batch):
+            chunk = group[at : at + batch]
+            outcome = _batch(world, chunk, limit_s, quick)
+            if isinstance(outcome, str):  # a hang or a crash: one scenario at a time
+                for s in chunk:
+                    single = _batch(world, [s], limit_s, quick)
+                    if isinstance(single, str):
+                        hung = "hung" in single
+                        totals["hangs"] += hung
+                        failures.append(
+                            dict(seed=s, kind="hang" if hung else "crash", message=single[-2000:])
+                        )
+                    else:
+                        _record(totals, failures, s, single[0], quick)
+                if not any(f["seed"] in chunk for f in failures):
+                    failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
+            else:
+                for s, per_scenario in zip(chunk, outcome, strict=True):
+                    _record(totals, failures, s, per_scenario, quick)
+            done += len(chunk)
+            if not quiet:
+                elapsed = time.perf_counter() - started
+                print(
+                    f"[{elapsed:7.1f}s] {done}/{scenarios} scenarios, W={world}, "
+                    f"failures so far: {len(failures)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    drawn = [draw(s, quick)[0] for s in seeds]
+    modes = Counter(d.options["collate_mode"] for d in drawn)
+    workers = Counter(d.options["num_workers"] for d in drawn)
+    joins = Counter("join" if d.options["join"] else "non-join" for d in drawn)
+    quick_flag = " --quick" if quick else ""
+    return dict(
+        command=f"python -m bench.soak --scenarios {scenarios} --seed {seed}{quick_flag}",
+        scenarios_run=scenarios,
+        seeds=[seed, seed + scenarios - 1],
+        **{key: totals[key] for key in COUNTERS},
+        failures=len(failures),
+        failure_details=failures,
+        by_world_size={w: len(g) for w, g in sorted(by_world.items())},
+        by_collate_mode=dict(modes),
+        by_num_workers=dict(sorted(workers.items())),
+        by_termination=dict(joins),
+        limit_s_per_scenario=limit_s,
+        wall_s=round(time.perf_counter() - started, 1),
+        machine=dict(
+            cpus=os.cpu_count(), platform=platform.platform(), python=platform.python_version()
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenarios", type=int, default=50, help="number of scenarios")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument("--batch", type=int, default=6, help="scenarios per set of ranks")
+    parser.add_argument("--limit", type=float, default=LIMIT_S, help="hard limit per scenario")
+    parser.add_argument("--quick", action="store_true", help="the cheaper CI draw")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    result = run_soak(args.scenarios, args.seed, args.batch, args.limit, args.quick)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    clean = result["failures"] == 0 and all(result[key] == 0 for key in COUNTERS)
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Run ranks that are expected to fail, and audit what they leave behind.
+
+:func:`tests.dist.run_ranks` treats the first failing rank as the end of the run (its
+peers get a short grace, then are killed as hung). Fault tests need the opposite: a
+rank may be killed on purpose, and every *other* rank must then end by itself, with a
+clear error, within the configured timeout. :func:`run_fault_ranks` therefore
+
+- starts the ranks exactly as ``run_ranks`` does (same rank entry, own process group
+  per rank, faulthandler on SIGUSR1, Gloo default group);
+- waits for *every* rank to exit, up to a hard ``timeout``; ranks still running then
+  are reported as hung with their Python stacks, and killed;
+- after the ranks have exited, waits up to ``orphan_wait_s`` for every process of their
+  process groups (collate processes, DataLoader workers, resource trackers) to exit by
+  itself, and reports the ones that did not as orphans before killing them.
+
+The function run on each rank must be module-level and should catch the loader's
+error itself and return a description of it (see ``tests/odb/fault_ranks.py``), so
+that a rank that failed as expected still reports a result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.dist import _rank_main, _read_stack, _wait_for_stacks, free_port, kill_tree
+
+_GLOO_TIMEOUT_MARGIN_S = 60.0
+
+
+@dataclass
+class RankOutcome:
+    """How one rank ended."""
+
+    rank: int
+    exitcode: int | None
+    value: Any = None  # what fn returned ("ok" ranks)
+    error: str | None = None  # the traceback of an exception that escaped fn
+    hung: bool = False
+    stack: str = ""
+
+
+@dataclass
+class FaultRun:
+    """Everything a fault test checks: per-rank outcomes, hangs and orphans."""
+
+    outcomes: list[RankOutcome]
+    orphans: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def hung(self) -> list[int]:
+        return [o.rank for o in self.outcomes if o.hung]
+
+    def describe(self) -> str:
+        parts = [f"wall {self.wall_s:.1f} s, orphans: {self.orphans or 'none'}"]
+        for o in self.outcomes:
+            parts.append(f"--- rank {o.rank}: exit {o.exitcode}, hung={o.hung}")
+            if o.value is not None:
+                parts.append(repr(o.value))
+            if o.error:
+                parts.append(o.error)
+            if o.stack:
+                parts.append(o.stack)
+        return "\n".join(parts)
+
+
+SHM_DIR = "/dev/shm"
+
+
+def shm_entries() -> set[str]:
+    """Names in ``/dev/shm`` (POSIX semaphores ``sem.*``, shared-memory segments)."""
+    return set(os.listdir(SHM_DIR)) if os.path.isdir(SHM_DIR) else set()
+
+
+def held_shm(pids: Iterable[int] | None = None) -> set[str]:
+    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open."""
+    held: set[str] = set()
+    prefix = SHM_DIR + "/"
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()] if pids is None else pids
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        held.add(line[at + len(prefix) :].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    held.add(target[len(prefix) :].split()[0])
+        except OSError:
+            continue
+    return held
+
+
+def leaked_shm(before: set[str], settle_s: float = 10.0) -> list[str]:
+    """Entries that appeared in ``/dev/shm`` since ``before`` and that no process holds.
+
+    The machine's ``/dev/shm`` is shared with whatever else runs, so entries that some
+    live process still maps (another program's semaphores) are not counted; an entry
+    that outlives every process that used it is a leak. Waits up to ``settle_s`` for
+    multiprocessing's resource tracker to unlink what a killed process left.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        leaked = (shm_entries() - before) - held_shm()
+        if not leaked or time.monotonic() > deadline:
+            return sorted(leaked)
+        time.sleep(0.2)
+
+
+def _group_members(pgids: set[int]) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.pid) in pgids:
+                out.append(proc)
+        except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:120]})"
+    except psutil.NoSuchProcess:
+        return f"pid {proc.pid} (gone)"
+
+
+def run_fault_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    orphan_wait_s: float = 10.0,
+    env: Mapping[str, str] | None = None,
+) -> FaultRun:
+    """Run ``fn(rank, world_size, *args)`` on spawned ranks; never raises for a rank.
+
+    Returns:
+        A :class:`FaultRun`. Every process the ranks started is dead when it returns.
+    """
+    ctx = mp.get_context("spawn")
+    workdir = tempfile.mkdtemp(prefix="fault_ranks-")
+    port = free_port()
+    procs: list[Any] = []
+    started = time.monotonic()
+    try:
+        for rank in range(world_size):
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(
+                    rank,
+                    world_size,
+                    port,
+                    "gloo",
+                    timeout + _GLOO_TIMEOUT_MARGIN_S,
+                    dict(env or {}),
+                    workdir,
+                    fn,
+                    args,
+                ),
+                name=f"rank{rank}",
+            )
+            proc.start()
+            procs.append(proc)
+        pgids = {p.pid for p in procs}
+        deadline = started + timeout
+        while True:
+            alive = [p for p in procs if p.exitcode is None]
+            now = time.monotonic()
+            if not alive or now >= deadline:
+                break
+            mp.connection.wait([p.sentinel for p in alive], timeout=deadline - now)
+        hung = [rank for rank, p in enumerate(procs) if p.exitcode is None]
+        for rank in hung:
+            try:
+                os.kill(procs[rank].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        _wait_for_stacks(workdir, hung)
+        orphans: list[str] = []
+        if not hung:
+            # Every rank has exited: what is left of their process groups must go by itself.
+            settle = time.monotonic() + orphan_wait_s
+            left = _group_members(pgids)
+            while left and time.monotonic() < settle:
+                time.sleep(0.1)
+                left = _group_members(pgids)
+            orphans = [_describe(p) for p in left]
+        wall_s = time.monotonic() - started
+        outcomes = _outcomes(procs, hung, workdir)
+        return FaultRun(outcomes, orphans, wall_s)
+    finally:
+        live = [p.pid for p in procs if p.exitcode is None]
+        kill_tree(live, groups=[p.pid for p in procs])
+        for p in procs:
+            p.join()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _outcomes(procs: list[Any], hung: list[int], workdir: str) -> list[RankOutcome]:
+    out = []
+    for rank, proc in enumerate(procs):
+        outcome = RankOutcome(rank, proc.exitcode, hung=rank in hung)
+        if outcome.hung:
+            outcome.stack = _read_stack(workdir, rank)
+        path = Path(workdir, f"rank{rank}.result")
+        if path.exists():
+            status, value = pickle.loads(path.read_bytes())
+            if status == "ok":
+                outcome.value = value
+            else:
+                outcome.error = value
+        out.append(outcome)
+    return out
