@@ -12,8 +12,10 @@ What is audited per scenario (``audit``), then summed:
 
 - ``hangs``: a run still going at its hard limit (ranks killed, stacks kept);
 - ``lost_ids`` / ``duplicated_ids``: join mode, every index of the dataset exactly once
-  per epoch; non-join, no index twice in an epoch and ``emitted + carried`` equal to the
-  epoch's quota (a shortfall counts as lost, an excess as duplicated);
+  per epoch; non-join, a sample's identity is (origin epoch, index) (docs/protocol.md
+  G4), so an index may occur twice in an epoch only as the last epoch's carried sample
+  plus its own fresh copy; any further occurrence is a duplicate, and ``emitted +
+  carried`` must equal the epoch's quota (a shortfall counts as lost);
 - ``step_count_disagreements``: epochs in which the ranks yielded different numbers of
   steps;
 - ``budget_violations``: multi-sample groups whose padded cost exceeds the budget;
@@ -125,6 +127,7 @@ def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str,
     opts, lengths = scenario.options, scenario.lengths
     budget = opts["token_budget"]
     carried_before = 0
+    carry_in: list[int] = []
     for epoch in range(scenario.epochs):
         epochs = [records[epoch] for records in per_rank]
         steps = [len(e["steps"]) for e in epochs]
@@ -137,9 +140,9 @@ def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str,
                 if len(s["ids"]) > 1:
                     cost = max(lengths[i] for i in s["ids"]) * len(s["ids"])
                     counts["budget_violations"] += cost > budget
-        duplicates = len(emitted) - len(set(emitted))
-        counts["duplicated_ids"] += duplicates
         carried = sum(e["stats"]["carried"] for e in epochs)
+        owed = Counter(range(len(lengths))) + Counter(carry_in)
+        counts["duplicated_ids"] += sum((Counter(emitted) - owed).values())
         if opts["join"]:
             counts["lost_ids"] += len(set(range(len(lengths))) - set(emitted))
         else:
@@ -147,6 +150,7 @@ def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str,
             counts["lost_ids"] += max(gap, 0)
             counts["duplicated_ids"] += max(-gap, 0)
             carried_before = carried
+            carry_in = list(epochs[0]["carry_next"])
     result: dict[str, Any] = dict(counts)
     try:
         check_scenario(scenario, per_rank)
