@@ -1,6 +1,6 @@
 """Run a test selection N times in a row and count every test's outcomes (flakiness check).
 
-    python -m bench.repeat_tests tests/odb/test_faults.py --times 20 --out results/bench/faults_x20.json
+    python -m bench.repeat_tests tests/odb/test_faults.py --times 20 --out results/r.json
 
 Each repeat is a fresh ``pytest`` process (fresh interpreter, so nothing is shared
 between repeats). Prints JSON: per test id the passes, failures, errors and skips over

@@ -172,14 +172,17 @@ def collate_main(
     """
     heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
     group: AlignmentGroup | None = None
+    workers: list[Any] = []
     try:
         # Workers start (fork) before the group exists, so they hold no copy of its
         # sockets: a dead collate process then closes its connections at once.
+        known = set(multiprocessing.active_children())
         samples = _beating(
             open_samples(spec.dataset, job.config, job.rank, job.world_size, job.view, job.skip),
             heartbeat,
             job,
         )
+        workers = [p for p in multiprocessing.active_children() if p not in known]
         group = _BeatingGroup(rendezvous, prefix, heartbeat)
         heartbeat.beat()
 
@@ -225,6 +228,8 @@ def collate_main(
         traceback.clear_frames(exc.__traceback__)
         del exc
         _put(out, ("error", packed), stop, encode)
+        for pid in _killed_children(workers):
+            _remove_shm_of(pid)
     finally:
         if group is not None:
             group.close()
@@ -246,6 +251,11 @@ def _silence_sigchld() -> None:
             return
         except BaseException:  # noqa: BLE001, S112 - raised by the pending handler itself
             continue
+
+
+def _killed_children(children: list[Any]) -> list[int]:
+    """Pids of ``children`` (multiprocessing processes) that a signal ended."""
+    return [p.pid for p in children if p.exitcode is not None and p.exitcode < 0]
 
 
 class _Stopped(Exception):
@@ -519,7 +529,7 @@ class CollateRunner:
 
 
 def _remove_shm_of(pid: int | None) -> None:
-    """Remove shared-memory files a signal-killed collate process left half-made.
+    """Remove shared-memory files a signal-killed process (collate, worker) left half-made.
 
     torch names a segment ``torch_<pid>_...`` and unlinks it as soon as it is mapped, so
     a named file left by a dead process is one it was killed in the middle of making;
