@@ -42,6 +42,7 @@ class RankTrace:
     ids: list[list[int]] = field(default_factory=list)  # sample indices, one list per real step
     idle: int = 0
     recirculated: int = 0
+    paced_rounds: int = 0
     max_age: int = 0
 
     @property
@@ -144,6 +145,7 @@ def simulate(
         raise RuntimeError(f"no end of epoch after {max_rounds} rounds (livelock?)")
     for trace, rounds in zip(traces, ranks, strict=True):
         trace.recirculated = rounds.recirculated
+        trace.paced_rounds = rounds.paced_rounds
     result = SimResult(config, traces, len(targets), tail_rounds, targets)
     if check:
         _check(result, lengths, views)
@@ -203,6 +205,7 @@ def summarize(result: SimResult) -> dict[str, object]:
                 "padding_efficiency": round(s["padding_efficiency"], 4),
                 "mean_fill": round(s["mean_fill"], 4),
                 "recirculated": t.recirculated,
+                "paced_rounds": t.paced_rounds,
                 "max_age": t.max_age,
             }
         )

@@ -4,8 +4,11 @@ Each round every rank reports a fixed-size :class:`RankStatus`; the vectors are
 all-gathered, and every rank calls :func:`plan_round` on the *same* gathered list, so
 all ranks derive the same :class:`RoundPlan` (target step count ``T``, end of epoch)
 without another message. Each rank then turns the plan into its own steps with
-:func:`local_steps`: keep ``T`` groups (fullest first), split groups when it has too
-few (where the plan allows), and pad with IDLE steps when it has no samples left.
+:func:`local_steps`: keep ``T`` groups (in emission order), split groups when it has
+too few (where the plan allows), and pad with IDLE steps when it has no samples left.
+In join mode the plan also carries a :class:`Pace`, with which a rank that has read its
+view but holds fewer groups than the heaviest rank has steps left spreads fewer groups
+over its ``T`` steps, instead of idling at the end of the epoch.
 Because every rank yields exactly ``T`` steps per round, every rank yields the same
 number of steps per epoch: the DDP contract.
 
@@ -16,13 +19,18 @@ Pure: no torch.distributed, no multiprocessing. The protocol and its proofs are 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from odb.budget import TokenBudget
 from odb.grouping import Group, split_to_count
 
 STATUS_WIDTH = 8
 """Number of int64 fields in a status vector (64 bytes per rank per round)."""
+
+PACE_FLOOR = Fraction(3, 4)
+"""Pacing stops below this share of the heaviest rank's remaining steps, and never
+groups under less than this share of the token budget (see :class:`Pace`)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,10 @@ class RankStatus:
         read_count: Samples read from its view so far this epoch.
         free_slots: Free places in its output queue.
         failed: Its collate side hit an error; every rank stops and raises.
+        buffered_tokens: Real tokens of the ``buffered`` samples.
+        read_tokens: Real tokens of the ``read_count`` samples.
+        unread: Samples of its view not read yet; -1 when unknown (a stream that has
+            not ended). Used only for pacing (:class:`Pace`).
     """
 
     ready: int
@@ -44,6 +56,9 @@ class RankStatus:
     read_count: int
     free_slots: int
     failed: bool = False
+    buffered_tokens: int = 0
+    read_tokens: int = 0
+    unread: int = -1
 
     @property
     def dry(self) -> bool:
@@ -51,18 +66,83 @@ class RankStatus:
         return self.read_done and self.buffered == 0
 
     def to_row(self) -> list[int]:
-        """Encode as ``STATUS_WIDTH`` ints (the wire format)."""
-        row = [self.ready, self.buffered, int(self.read_done), self.read_count,
-               self.free_slots, int(self.failed)]
-        return row + [0] * (STATUS_WIDTH - len(row))
+        """Encode as ``STATUS_WIDTH`` ints (the wire format); both flags share one field."""
+        flags = int(self.read_done) | int(self.failed) << 1
+        return [self.ready, self.buffered, flags, self.read_count, self.free_slots,
+                self.buffered_tokens, self.read_tokens, self.unread]
 
     @classmethod
     def from_row(cls, row: Sequence[int]) -> RankStatus:
         """Decode a row written by :meth:`to_row`."""
         if len(row) != STATUS_WIDTH:
             raise ValueError(f"status row must have {STATUS_WIDTH} fields, got {len(row)}")
-        ready, buffered, read_done, read_count, free_slots, failed = (int(v) for v in row[:6])
-        return cls(ready, buffered, bool(read_done), read_count, free_slots, bool(failed))
+        ready, buffered, flags, read_count, free_slots, b_tokens, r_tokens, unread = (
+            int(v) for v in row
+        )
+        return cls(ready, buffered, bool(flags & 1), read_count, free_slots, bool(flags & 2),
+                   b_tokens, r_tokens, unread)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How a rank with less work left paces itself on the rank with the most (join mode).
+
+    Every rank's *remaining steps* are estimated from its row: its ready groups (all of
+    its groups once it cannot read more; at most one fewer while it reads) plus its
+    unread tokens (unread samples at its own mean read length) over
+    ``tokens_per_group``, the buffered real tokens per ready group pooled over all
+    ranks. Exact rationals, so every rank computes the same numbers from the rows.
+
+    A rank that has read its whole view knows its remaining steps exactly: its ``g``
+    groups. If ``g`` falls short of the most of any active rank, ``E``, it spreads only
+    ``floor(T * g / E)`` of its groups over this round's ``T`` steps (:meth:`take`),
+    so it ends with the heaviest rank instead of running dry and idling. Light ranks
+    finish reading first, so the deficit is spread over every round from then on and
+    each step loses little fill. When ``g < PACE_FLOOR * E`` the deficit is taken as
+    structural (e.g. skewed views): the rank keeps its full groups rather than make all
+    of them much lighter. A rank still reading is never paced: its own estimate is not
+    exact, and pacing a rank that turns out heaviest would add steps.
+
+    Attributes:
+        heaviest: The most remaining steps of any active rank (``E > 0``).
+        tokens_per_group: Buffered real tokens per ready group, all ranks (``> 0``).
+    """
+
+    heaviest: Fraction
+    tokens_per_group: Fraction
+
+    def remaining(self, status: RankStatus) -> Fraction:
+        """A rank's estimated remaining steps (its ready groups when nothing is unread)."""
+        if status.unread <= 0:
+            return Fraction(status.ready)
+        mean = Fraction(status.read_tokens, max(1, status.read_count))
+        return status.ready + status.unread * mean / self.tokens_per_group
+
+    def take(self, own: RankStatus, target: int, share: Fraction = PACE_FLOOR) -> int:
+        """How many of its ready groups rank ``own`` spreads over ``target`` steps.
+
+        ``max(1, floor(target * g / E))`` when ``own`` has read its whole view and
+        ``share * E <= g < E`` (``g = own.ready``); otherwise ``target`` (no pacing).
+        Never more than ``target``; taking ``floor(T * g / E)`` each round keeps a paced
+        rank at or below the heaviest rank's remaining steps (docs/protocol.md, G6).
+        """
+        g = own.ready
+        if not own.read_done or not share * self.heaviest <= g < self.heaviest:
+            return target
+        return max(1, min(target, int(target * g / self.heaviest)))
+
+
+def _pace(statuses: Sequence[RankStatus], active: Sequence[RankStatus]) -> Pace | None:
+    """The round's :class:`Pace`. None while some view's size is unknown (a stream), a
+    rank with unread samples has read none, or no rank holds a ready group."""
+    ready = sum(s.ready for s in statuses)
+    tokens = sum(s.buffered_tokens for s in statuses)
+    unknown = any(s.unread < 0 or (s.unread > 0 and s.read_count == 0) for s in statuses)
+    if unknown or not ready or not tokens:
+        return None
+    pace = Pace(Fraction(1), Fraction(tokens, ready))
+    heaviest = max(pace.remaining(s) for s in active)
+    return replace(pace, heaviest=heaviest) if heaviest > 0 else None
 
 
 @dataclass(frozen=True)
@@ -76,6 +156,8 @@ class RoundPlan:
         read_limit: In non-join mode, the highest ``read_count`` any rank may reach
             by the next round (keeps views read in step, which bounds the carry).
         failed_ranks: Ranks that reported a failure (``end`` is then True).
+        pace: Join mode with known view sizes: how ranks with less work left pace
+            themselves on the heaviest one this round (:class:`Pace`).
     """
 
     target: int
@@ -83,6 +165,7 @@ class RoundPlan:
     split: bool = False
     read_limit: int | None = None
     failed_ranks: tuple[int, ...] = ()
+    pace: Pace | None = None
 
 
 def plan_round(
@@ -123,8 +206,9 @@ def plan_round(
     if not join:
         # No rank may run out of samples inside a round in non-join mode.
         target = min(target, min(s.buffered for s in active))
+    pace = _pace(statuses, active) if join else None
     return RoundPlan(target=max(1, min(target, max_steps)), end=False, split=split,
-                     read_limit=read_limit)
+                     read_limit=read_limit, pace=pace)
 
 
 def _paper_target(active: Sequence[RankStatus]) -> int:

@@ -25,11 +25,11 @@ Invariants shared by all functions here:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from odb.budget import GroupMeasure, TokenBudget
 
-__all__ = ["Group", "Item", "emission_order", "form_groups", "split_to_count"]
+__all__ = ["Group", "Item", "emission_order", "form_groups", "split_lighter", "split_to_count"]
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def form_groups(items: Sequence[Item], budget: TokenBudget) -> list[Group]:
     groups: list[Group] = []
     current: list[Item] = []
     m = GroupMeasure()
-    for item in sorted(items, key=lambda i: (-i.length, i.key)):
+    for item in _longest_first(items):
         if not budget.admits(m, item.length, item.patches):
             groups.append(Group(tuple(current), m, complete=True))
             current, m = [], GroupMeasure()
@@ -164,6 +164,54 @@ def form_groups(items: Sequence[Item], budget: TokenBudget) -> list[Group]:
     if current:
         groups.append(Group(tuple(current), m, complete=_saturated(m, budget)))
     return groups
+
+
+def split_lighter(
+    groups: Sequence[Group], budget: TokenBudget, count: int, min_tokens: int
+) -> list[Group]:
+    """Splits each group on its own into lighter groups, at most ``count`` in all.
+
+    Every group is regrouped by :func:`form_groups` under one common, smaller token
+    budget: the smallest, down to ``min_tokens``, that keeps the total at most
+    ``count`` (found by bisection). A group is split only into contiguous runs of its
+    own length order, so no piece mixes lengths from different groups, and the pieces
+    of a group together pad no more than the group did (each run's longest item is at
+    most the group's).
+
+    Args:
+        groups: Groups that fit ``budget`` (e.g. from :func:`form_groups`).
+        budget: Their budget; only its ``max_tokens`` is lowered.
+        count: Most groups wanted.
+        min_tokens: Lowest ``max_tokens`` to consider (``1 <= min_tokens``).
+
+    Returns:
+        The pieces, group by group in input order, each group's longest first. The
+        input groups unchanged when no budget in range keeps the total at most
+        ``count`` with fewer tokens, e.g. when ``count <= len(groups)``. Items are
+        conserved and every multi-item piece fits ``budget``.
+
+    Example:
+        >>> g = Group.of([Item(0, 4), Item(1, 4), Item(2, 4), Item(3, 4)], complete=True)
+        >>> [x.keys for x in split_lighter([g], TokenBudget(16), 2, 4)]
+        [(0, 1), (2, 3)]
+    """
+    ordered = [_longest_first(g.items) for g in groups]
+
+    def pieces(tokens: int) -> int:
+        lighter = replace(budget, max_tokens=tokens)
+        return sum(_count_groups(items, lighter) for items in ordered)
+
+    lo, hi = min_tokens - 1, budget.max_tokens  # hi keeps the total <= count, or is full
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pieces(mid) <= count:
+            hi = mid
+        else:
+            lo = mid
+    if hi >= budget.max_tokens:
+        return list(groups)
+    lighter = replace(budget, max_tokens=hi)
+    return [piece for g in groups for piece in form_groups(g.items, lighter)]
 
 
 def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int) -> list[Group]:
@@ -254,6 +302,22 @@ def split_to_count(groups: Sequence[Group], target: int, budget: TokenBudget) ->
         result[j], peeled = _peel_shortest(result[j], budget)
         result.append(peeled)
     return result
+
+
+def _longest_first(items: Iterable[Item]) -> list[Item]:
+    """The order :func:`form_groups` fills groups in: longest first, ties by key."""
+    return sorted(items, key=lambda i: (-i.length, i.key))
+
+
+def _count_groups(ordered: Sequence[Item], budget: TokenBudget) -> int:
+    """``len(form_groups(ordered, budget))`` for items already in ``_longest_first``
+    order."""
+    count, m = 0, GroupMeasure()
+    for item in ordered:
+        if not budget.admits(m, item.length, item.patches):
+            count, m = count + 1, GroupMeasure()
+        m = m.plus(item.length, item.patches)
+    return count + (m.n > 0)
 
 
 def _peel_shortest(group: Group, budget: TokenBudget) -> tuple[Group, Group]:

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from odb.alignment import STATUS_WIDTH, LocalSteps, RankStatus, RoundPlan, local_steps, plan_round
+from odb.alignment import (
+    PACE_FLOOR,
+    STATUS_WIDTH,
+    LocalSteps,
+    Pace,
+    RankStatus,
+    RoundPlan,
+    local_steps,
+    plan_round,
+)
 from odb.budget import TokenBudget
 from odb.grouping import Group, Item, form_groups
 
@@ -51,9 +61,12 @@ def plan(sts, policy="balanced", join=True, max_steps=8, buffer_size=16):
 
 
 @EXAMPLES
-@given(INT64, INT64, st.booleans(), INT64, INT64, st.booleans())
-def test_status_row_round_trip(ready, buffered, read_done, read_count, free_slots, failed):
-    s = RankStatus(ready, buffered, read_done, read_count, free_slots, failed)
+@given(INT64, INT64, st.booleans(), INT64, INT64, st.booleans(), INT64, INT64,
+       st.integers(-1, 2**63 - 1))
+def test_status_row_round_trip(ready, buffered, read_done, read_count, free_slots, failed,
+                               buffered_tokens, read_tokens, unread):
+    s = RankStatus(ready, buffered, read_done, read_count, free_slots, failed,
+                   buffered_tokens, read_tokens, unread)
     row = s.to_row()
     assert len(row) == STATUS_WIDTH == 8
     assert all(type(v) is int for v in row)
@@ -223,6 +236,95 @@ def test_plan_is_deterministic_and_order_free(sts, policy, join, max_steps, buff
     q = plan(shuffled, policy, join, max_steps, buffer_size)
     assert (q.target, q.end, q.split, q.read_limit, len(q.failed_ranks)) == (
         p.target, p.end, p.split, p.read_limit, len(p.failed_ranks))
+
+
+# ---------------------------------------------------------------- pacing
+
+
+def known(ready, buffered_tokens, read_tokens, read_count, unread, buffered=None):
+    """A join-mode status with a known view size (``unread >= 0``)."""
+    buffered = ready if buffered is None else buffered
+    return RankStatus(ready, buffered, unread == 0, read_count, 4, False,
+                      buffered_tokens, read_tokens, unread)
+
+
+def test_pace_only_in_join_mode_with_known_view_sizes():
+    a = known(ready=10, buffered_tokens=1000, read_tokens=1500, read_count=15, unread=0)
+    b = known(ready=8, buffered_tokens=800, read_tokens=500, read_count=5, unread=20)
+    assert plan([a, b]).pace is not None
+    assert plan([a, b], "paper").pace is not None
+    assert plan([a, b], join=False).pace is None
+    stream = RankStatus(3, 5, False, 5, 4, False, 300, 500, -1)  # a stream: size unknown
+    assert plan([a, stream]).pace is None
+    fresh = known(ready=0, buffered_tokens=0, read_tokens=0, read_count=0, unread=7)
+    assert plan([a, fresh]).pace is None  # its unread tokens have no mean yet
+
+
+def test_pace_estimates_remaining_steps():
+    # Pooled tokens per ready group: (1000 + 800) / (10 + 8) = 100. Rank b reads samples
+    # of 100 tokens on average (its own mean), 20 unread: 20 more steps.
+    a = known(ready=10, buffered_tokens=1000, read_tokens=1500, read_count=15, unread=0)
+    b = known(ready=8, buffered_tokens=800, read_tokens=500, read_count=5, unread=20)
+    pace = plan([a, b]).pace
+    assert pace.tokens_per_group == 100
+    assert pace.remaining(a) == 10  # exact once the view is read
+    assert pace.remaining(b) == 8 + 20
+    assert pace.heaviest == 28
+
+
+def test_pace_take_spreads_fewer_groups_over_the_round_only_once_read():
+    pace = Pace(heaviest=Fraction(40), tokens_per_group=Fraction(100))
+
+    def read(ready):
+        return known(ready=ready, buffered_tokens=0, read_tokens=0, read_count=0, unread=0)
+
+    assert pace.take(read(35), 8) == 7  # floor(8 * 35 / 40): one extra step this round
+    assert pace.take(read(30), 8) == 6
+    reading = known(ready=30, buffered_tokens=0, read_tokens=1, read_count=1, unread=3)
+    assert pace.take(reading, 8) == 8  # still reading: its estimate is not exact
+    assert pace.take(read(40), 8) == 8 and pace.take(read(41), 8) == 8  # not behind
+    assert PACE_FLOOR * 40 == 30
+    assert pace.take(read(29), 8) == 8  # too far behind: structural, no pacing
+    assert pace.take(read(39), 1) == 1  # a step takes at least one group
+
+
+@EXAMPLES
+@given(st.integers(1, 200), st.integers(1, 200), st.integers(1, 8))
+def test_pace_take_never_overtakes_the_heaviest_rank(g, e, target):
+    """The heaviest rank has ``E >= T`` groups left (``T`` never exceeds its ready
+    count) and takes ``T``; a paced rank takes ``k = floor(T g / E) < T`` of its ``g``:
+    it is left with at most as many groups as the heaviest (G6), and it takes at
+    least ``T g / E - 1``, so its remaining groups shrink in step with the heaviest's."""
+    assume(e >= target)
+    pace = Pace(heaviest=Fraction(e), tokens_per_group=Fraction(1))
+    own = known(ready=g, buffered_tokens=0, read_tokens=0, read_count=0, unread=0)
+    k = pace.take(own, target)
+    assert 1 <= k <= target
+    if k < target:  # paced
+        assert PACE_FLOOR * e <= g < e and k <= g
+        assert g - k <= e - target
+        assert k > Fraction(target * g, e) - 1
+
+
+@EXAMPLES
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5000), st.integers(1, 9000),
+                          st.integers(1, 90), st.integers(0, 60)), min_size=1, max_size=6))
+def test_pace_is_exact_and_only_read_ranks_behind_the_heaviest_are_paced(rows):
+    sts = [known(*row) for row in rows]
+    p = plan(sts)
+    if p.end or p.pace is None:
+        return
+    # Exact rationals from the rows: a permutation of the ranks gives the same pace.
+    assert plan(list(reversed(sts))).pace == p.pace
+    assert plan([RankStatus.from_row(s.to_row()) for s in sts]).pace == p.pace
+    active = [s for s in sts if not s.dry]
+    assert p.pace.heaviest == max(p.pace.remaining(s) for s in active)
+    assert p.target <= p.pace.heaviest
+    for s in sts:
+        take = p.pace.take(s, p.target)
+        assert 1 <= take <= p.target
+        if take < p.target:  # paced: read its view, behind the heaviest, not too far
+            assert s.read_done and PACE_FLOOR * p.pace.heaviest <= s.ready < p.pace.heaviest
 
 
 # ---------------------------------------------------------------- local_steps

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 
 import odb.grouping
 from odb.budget import GroupMeasure, TokenBudget
-from odb.grouping import Group, Item, emission_order, form_groups, split_to_count
+from odb.grouping import (
+    Group,
+    Item,
+    emission_order,
+    form_groups,
+    split_lighter,
+    split_to_count,
+)
 
 EXAMPLES = settings(max_examples=300, deadline=None)
 
@@ -338,6 +345,68 @@ def test_split_peels_shortest_off_largest_earliest_group():
 def test_split_rejects_bad_target(bad):
     with pytest.raises(ValueError, match=f"target must be an int >= 0, got {bad!r}"):
         split_to_count([], bad, TokenBudget(10))
+
+
+# ---------------------------------------------------------------- split_lighter
+
+
+def padding_efficiency(g):
+    return g.measure.sum_len / (g.measure.max_len * g.size)
+
+
+@EXAMPLES
+@given(cases(), st.integers(0, 50), st.data())
+def test_split_lighter(case, count, data):
+    items, budget = case
+    groups = form_groups(items, budget)
+    min_tokens = data.draw(st.integers(1, budget.max_tokens), label="min_tokens")
+    pieces = split_lighter(groups, budget, count, min_tokens)
+    assert key_counts(pieces) == Counter(i.key for i in items)
+    assert len(pieces) >= len(groups)
+    # Either at most ``count`` pieces, or the groups come back unchanged.
+    assert len(pieces) <= count or pieces == groups
+    it = iter(pieces)
+    for g in groups:
+        # Each group is cut into contiguous runs of its own (longest-first) order.
+        run = []
+        while len(run) < g.size:
+            run += next(it).items
+        assert tuple(run) == g.items
+    for piece in pieces:
+        assert piece.measure == measure_of(piece.items)
+        assert piece.size == 1 or budget.fits(piece.measure)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(cost_models=("padded",), patch_budget=False), st.integers(0, 50), st.data())
+def test_split_lighter_uses_the_smallest_budget_and_never_pads_more(case, count, data):
+    # Greedy grouping is optimal under the padded cost: the number of pieces only grows
+    # as the budget shrinks, so the bisection finds the smallest budget that keeps
+    # ``count`` (checked against a scan of every budget); and a run of a sorted group
+    # never pads more than the group.
+    items, budget = case
+    groups = form_groups(items, budget)
+    min_tokens = data.draw(st.integers(1, budget.max_tokens), label="min_tokens")
+    pieces = split_lighter(groups, budget, count, min_tokens)
+
+    def cut(tokens):
+        return [p for g in groups for p in form_groups(g.items, TokenBudget(tokens))]
+
+    fitting = [t for t in range(min_tokens, budget.max_tokens) if len(cut(t)) <= count]
+    assert pieces == (cut(min(fitting)) if fitting else groups)
+    padded_before = sum(g.measure.max_len * g.size for g in groups)
+    assert sum(p.measure.max_len * p.size for p in pieces) <= padded_before
+
+
+def test_split_lighter_example():
+    budget = TokenBudget(24)
+    groups = form_groups([Item(k, n) for k, n in enumerate([6, 5, 4, 3, 3, 2])], budget)
+    assert [g.keys for g in groups] == [(0, 1, 2, 3), (4, 5)]
+    pieces = split_lighter(groups, budget, 3, 1)
+    assert [p.keys for p in pieces] == [(0, 1), (2, 3), (4, 5)]  # at 12 tokens: 6*2, 4*2
+    # Four pieces are allowed, but not below 20 tokens: only the 24-token group splits.
+    assert [p.keys for p in split_lighter(groups, budget, 4, 20)] == [(0, 1, 2), (3,), (4, 5)]
+    assert split_lighter(groups, budget, 2, 1) == groups  # already at most 2
 
 
 # ---------------------------------------------------------------- aging simulation

@@ -19,13 +19,21 @@ Bounds checked (derived in the comments where they are checked):
 Known and allowed: in non-join mode a rank that ran ``buffer_size`` reads ahead and
 emptied its buffer is held by the read limit and emits an IDLE step; the machine
 asserts that this is the only way a non-join rank idles.
+
+Pacing (``odb.alignment.Pace``): a third machine draws near-equal views of short
+samples in join mode, where lighter ranks pace themselves in about 40% of the runs; the
+same per-round checks apply, plus: only a rank that has read its view paces, and its
+status fields (tokens, unread count) are exact. The tests at the end compare whole
+epochs with and without pacing.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
-from hypothesis import settings
+import pytest
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -34,6 +42,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+import odb.alignment
+from bench.simulate import simulate, summarize
 from odb.budget import GroupMeasure
 from odb.config import ODBConfig
 from odb.metrics import EpochMetrics
@@ -94,6 +104,29 @@ def scenarios(draw, join: bool) -> Scenario:
     return Scenario(config, views)
 
 
+@st.composite
+def pacing_scenarios(draw, join: bool) -> Scenario:
+    """Near-equal views (one shared view plus a few extra samples per rank) of many
+    short samples, join mode: the ranks run dry within a few groups of each other,
+    which is where the lighter ones pace themselves (odb.alignment.Pace)."""
+    world = draw(st.integers(2, 4))
+    budget = draw(st.integers(16, 64))
+    config = ODBConfig(
+        token_budget=budget,
+        policy=draw(st.sampled_from(["balanced", "paper"])),
+        join=join,
+        window_budgets=draw(st.integers(2, 6)),
+        buffer_size=draw(st.integers(8, 64)),
+        queue_depth=draw(st.integers(2, 6)),
+        age_limit=draw(st.integers(1, 6)),
+    )
+    length = st.integers(1, budget // 3)
+    shared = draw(st.lists(st.tuples(length, st.just(0)), min_size=10, max_size=40))
+    extras = st.lists(st.tuples(length | st.integers(1, budget), st.just(0)), max_size=8)
+    views = tuple(tuple(shared + draw(extras)) for _ in range(world))
+    return Scenario(config, views)
+
+
 # ---------------------------------------------------------------- the machine
 
 
@@ -101,10 +134,11 @@ class RoundsMachine(RuleBasedStateMachine):
     """W ranks running one epoch of the round protocol in lockstep."""
 
     join = True
+    scenario_strategy = staticmethod(scenarios)
 
     @initialize(data=st.data())
     def start(self, data):
-        self.scenario = data.draw(scenarios(self.join), label="scenario")
+        self.scenario = data.draw(self.scenario_strategy(self.join), label="scenario")
         cfg = self.scenario.config
         self.cfg = cfg
         self.views = self.scenario.views
@@ -112,6 +146,7 @@ class RoundsMachine(RuleBasedStateMachine):
         self.ranks = [RankRounds(cfg, len(v)) for v in self.views]
         self.emitted = [set() for _ in self.views]
         self.born = [{} for _ in self.views]  # index -> rounds decided when it was read
+        self.read_tokens = [0] * self.world
         self.rounds = 0  # non-end rounds
         self.ended = False
         self.broken = False
@@ -135,6 +170,7 @@ class RoundsMachine(RuleBasedStateMachine):
             length, patches = view[i]
             rr.add(length, patches, (r, i))
             self.born[r][i] = self.rounds
+            self.read_tokens[r] += length
         assert not rr.wants_read()
         if not self.cfg.join and self.prev_statuses is not None:
             # The read limit of the last plan: no rank runs ahead of the slowest by more
@@ -159,6 +195,11 @@ class RoundsMachine(RuleBasedStateMachine):
         for r, (rr, s) in enumerate(zip(self.ranks, statuses, strict=True)):
             assert s.buffered == len(rr.buffer) == len(ages[r])
             assert s.read_count == rr.read_count and s.read_done == rr.read_done
+            # The pacing fields: exact tokens, and the unread count of a known view.
+            assert s.buffered_tokens == rr.buffer.tokens
+            assert s.read_tokens == self.read_tokens[r]
+            assert s.unread == len(self.views[r]) - rr.read_count
+            assert s.read_done == (s.unread == 0)
             assert s.ready <= s.buffered and s.free_slots == free[r] and not s.failed
             assert rr.buffer.max_age == max(ages[r].values(), default=0)
             # Oldest-overdue-first emission bounds the wait: once a sample is overdue,
@@ -170,8 +211,14 @@ class RoundsMachine(RuleBasedStateMachine):
             if not can_read:
                 # buffer.plan: a nonempty buffer that cannot read more has a ready group.
                 assert s.buffered == 0 or s.ready >= 1
+        paced_before = [rr.paced_rounds for rr in self.ranks]
         outcomes = [rr.decide(statuses) for rr in self.ranks]
         plan = outcomes[0].plan
+        for rr, before, s in zip(self.ranks, paced_before, statuses, strict=True):
+            if rr.paced_rounds > before:
+                event("a rank paced itself")
+                # Only join mode, only a rank that has read its whole view.
+                assert cfg.join and s.read_done and plan.pace is not None
         assert all(o.plan == plan for o in outcomes), "ranks derived different plans"
         all_read = all(s.read_done for s in statuses)
         self.metrics.record_tail(statuses, plan.end)
@@ -320,9 +367,64 @@ class NonJoinMachine(RoundsMachine):
     join = False
 
 
+class PacingMachine(RoundsMachine):
+    join = True
+    scenario_strategy = staticmethod(pacing_scenarios)
+
+
 MACHINE_SETTINGS = settings(max_examples=1000, deadline=None, stateful_step_count=20)
 
 TestJoinRounds = JoinMachine.TestCase
 TestJoinRounds.settings = MACHINE_SETTINGS
 TestNonJoinRounds = NonJoinMachine.TestCase
 TestNonJoinRounds.settings = MACHINE_SETTINGS
+TestPacingRounds = PacingMachine.TestCase
+TestPacingRounds.settings = settings(max_examples=300, deadline=None, stateful_step_count=20)
+
+
+# ---------------------------------------------------------------- pacing, end to end
+
+
+def _no_pace(monkeypatch):
+    monkeypatch.setattr(odb.alignment, "_pace", lambda statuses, active: None)
+
+
+def _deficit_views(extra: int, seed: int) -> tuple[list[int], list[list[int]]]:
+    """Two views of one length distribution; rank 0 holds ``extra`` more samples."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(50, 1000) for _ in range(800 + extra)]
+    return lengths, [list(range(400 + extra)), list(range(400 + extra, 800 + extra))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])  # seeds whose extra samples are heavy
+@pytest.mark.parametrize("policy", ["balanced", "paper"])
+def test_a_light_rank_paces_itself_instead_of_idling(monkeypatch, policy, seed):
+    """Rank 1 holds ~10% fewer samples (known deficit). Unpaced it runs dry and idles
+    for several steps; paced it idles at most one step, and the epoch is no longer."""
+    lengths, views = _deficit_views(40, seed)
+    config = ODBConfig(token_budget=2048, policy=policy, shuffle=False)
+    paced = summarize(simulate(lengths, config, views=views))  # checks plans agree
+    _no_pace(monkeypatch)
+    unpaced = summarize(simulate(lengths, config, views=views))
+    assert unpaced["per_rank"][1]["idle"] >= 5  # the deficit is real
+    assert paced["per_rank"][1]["paced_rounds"] > 0
+    assert paced["per_rank"][1]["idle"] <= 1
+    assert paced["steps"] <= unpaced["steps"]
+    assert paced["per_rank"][0]["paced_rounds"] == 0  # the heaviest rank never paces
+    # Lighter steps, not near-empty ones: pacing never groups under PACE_FLOOR.
+    assert paced["per_rank"][1]["mean_fill"] >= 0.7
+
+
+def test_a_structural_deficit_is_left_alone(monkeypatch):
+    """Skewed views (all short samples on rank 0): its whole remaining work is far
+    below the heavy rank's, so it keeps its full groups exactly as without pacing."""
+    rng = random.Random(0)
+    lengths = sorted(rng.randint(20, 2000) for _ in range(600))
+    views = [rng.sample(range(300), 300), rng.sample(range(300, 600), 300)]
+    config = ODBConfig(token_budget=4096, shuffle=False)
+    paced = simulate(lengths, config, views=views)
+    _no_pace(monkeypatch)
+    unpaced = simulate(lengths, config, views=views)
+    assert paced.ranks[0].paced_rounds == 0
+    assert paced.ranks[0].groups == unpaced.ranks[0].groups
+    assert paced.ranks[0].idle == unpaced.ranks[0].idle > 0
