@@ -4,14 +4,8 @@ The collate side owns the DataLoader whose workers run the user's dataset with a
 collate (one ``(index, sample)`` per item, public ``torch.utils.data`` API only), runs
 :func:`odb.engine.run_epoch`, and puts finished batches on a bounded queue.
 
-Hand-off in process mode (:class:`_SlabWriter`, :class:`_SlabReader`): the collate
-process copies a batch's tensor storages into a shared-memory *slab* it reuses (one per
-slot, ``queue_depth + 2`` slots, each sent to the trainer once); the queue carries the
-pickled batch with the storages' offsets, the trainer copies them out and returns the
-slot. So a batch costs two memory copies and two small pipe messages, instead of one new
-shared-memory segment and one descriptor handshake per tensor. Non-tensor fields travel
-by pickle; a batch over ``_SLAB_MAX_BYTES`` of storages takes torch's shared-memory
-reductions.
+Hand-off in process mode: batches cross to the trainer through reusable shared-memory
+slabs (:mod:`odb.handoff`); in thread mode they are passed as they are.
 
 Failure contract (``docs/reliability.md`` has the full table):
 
@@ -38,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import io
 import multiprocessing
 import os
 import pickle
@@ -55,13 +48,13 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-import numpy as np
 import torch
 import torch.multiprocessing as mp
 
 from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
-from odb.sources import idle_template, open_samples, reduce_plain_tensor, storage_bytes
+from odb.handoff import SlabReader, SlabWriter
+from odb.sources import idle_template, open_samples
 
 # How often the trainer re-checks a silent collate side, and the collate side re-checks
 # a full queue for a trainer that stopped listening.
@@ -77,12 +70,6 @@ _STALL_GRACE_S = 5.0
 # Before the alignment group exists (process start-up, rendezvous), the limit is
 # init_timeout_s plus this.
 _STARTUP_GRACE_S = 30.0
-# Slabs: a batch whose tensor storages take more than _SLAB_MAX_BYTES bypasses them; a
-# slab is allocated with room to grow (x1.25, at least _SLAB_MIN_BYTES); storages start
-# on _SLAB_ALIGN-byte boundaries.
-_SLAB_MAX_BYTES = 16 << 20
-_SLAB_MIN_BYTES = 1 << 20
-_SLAB_ALIGN = 64
 _LIVE_RUNNERS: weakref.WeakSet[CollateRunner] = weakref.WeakSet()
 
 
@@ -180,7 +167,7 @@ def collate_main(
     out: Any,
     stop: Any,
     heartbeat: Heartbeat | None = None,
-    encoder: _SlabWriter | None = None,
+    encoder: SlabWriter | None = None,
 ) -> None:
     """Body of the collate side; every outcome ends as one message on ``out``.
 
@@ -280,7 +267,7 @@ class _Stopped(Exception):
     """The trainer closed the iterator; the collate side ends quietly."""
 
 
-def _put(out: Any, message: Any, stop: Any, encoder: _SlabWriter | None) -> bool:
+def _put(out: Any, message: Any, stop: Any, encoder: SlabWriter | None) -> bool:
     """Put unless the trainer stopped listening; False when the message was not sent.
 
     Never gives up while the trainer listens: a dropped message (an error above all)
@@ -338,7 +325,7 @@ def _process_entry(
     # otherwise defaults to spawn, whatever the trainer uses).
     multiprocessing.set_start_method(start_method, force=True)
     threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
-    encoder = _SlabWriter(returns, slots)
+    encoder = SlabWriter(returns, slots)
     collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder)
     # Stay alive until the trainer has taken everything: new slabs (and batches too big
     # for one) travel as shared-memory file descriptors this process must hand over.
@@ -408,7 +395,7 @@ class CollateRunner:
         self._rendezvous = rendezvous
         self._last_beat = -1
         self._last_progress = time.monotonic()
-        self._slabs: _SlabReader | None = None
+        self._slabs: SlabReader | None = None
         if self._process:
             ctx = mp.get_context("spawn")
             self._queue: Any = ctx.Queue(maxsize=cfg.queue_depth)
@@ -432,7 +419,7 @@ class CollateRunner:
                     slots,
                 ),
             )
-            self._slabs = _SlabReader(self._returns, slots)
+            self._slabs = SlabReader(self._returns, slots)
         else:
             self._queue = queue.Queue(maxsize=cfg.queue_depth)
             self._stop = threading.Event()
@@ -594,172 +581,3 @@ def _remove_shm_of(pid: int | None) -> None:
         if name.startswith(f"torch_{pid}_"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join("/dev/shm", name))
-
-
-class _SlabWriter:
-    """Collate-process side of the hand-off: batches' tensors go into reusable slabs.
-
-    Invariants: ``slots`` is ``queue_depth + 2`` (at most ``queue_depth`` batches wait in
-    the queue, one is being copied out by the trainer, one is being written), so a slot
-    is free whenever the queue has room. A slot is written only while free; it is free
-    from the start and again once the trainer sends its index back on ``returns`` (after
-    it copied the batch out), so a batch is never overwritten while the trainer reads
-    it. A slot's slab is allocated at its first use and replaced by a bigger one when a
-    batch does not fit; a new slab travels (once) with the batch that first uses it. The
-    lowest free slot is taken, so a trainer that keeps up leaves most slots unallocated.
-    """
-
-    def __init__(self, returns: Connection, slots: int) -> None:
-        self._returns = returns
-        self._slabs: list[torch.Tensor | None] = [None] * slots
-        self._free = set(range(slots))
-
-    def encode(self, message: tuple[str, Any], stop: Any) -> bytes | None:
-        """``message`` pickled for the queue; None when the trainer stopped listening.
-
-        A ``("step", batch)`` becomes ``("slab", (slot, new slab or None, pickle))``
-        unless its storages exceed ``_SLAB_MAX_BYTES``; other messages are pickled as is.
-        """
-        kind, batch = message
-        if kind != "step":
-            return bytes(ForkingPickler.dumps(message))
-        slot = self._acquire(stop)
-        if slot is None:
-            return None
-        try:
-            encoded = self._write(slot, batch)
-        except BaseException:
-            self._free.add(slot)
-            raise
-        if encoded is None:
-            self._free.add(slot)
-            return bytes(ForkingPickler.dumps(message))
-        return encoded
-
-    def _acquire(self, stop: Any) -> int | None:
-        """The lowest free slot, waiting for the trainer to return one; None once stopped."""
-        try:
-            while True:
-                while self._returns.poll():
-                    self._free.add(int.from_bytes(self._returns.recv_bytes(), "little"))
-                if self._free:
-                    slot = min(self._free)
-                    self._free.remove(slot)
-                    return slot
-                if stop.is_set():
-                    return None
-                self._returns.poll(_POLL_S)
-        except (EOFError, OSError):  # the trainer closed its end: it stopped listening
-            return None
-
-    def _write(self, slot: int, batch: Any) -> bytes | None:
-        """Copy the batch's storages into the slot's slab; None when they are too big."""
-        buffer = io.BytesIO()
-        pickler = _SlabPickler(buffer)
-        pickler.dump(batch)
-        if pickler.end > _SLAB_MAX_BYTES:
-            return None
-        slab, fresh = self._slabs[slot], None
-        if slab is None or slab.numel() < pickler.end:
-            slab = fresh = _new_slab(pickler.end)
-            self._slabs[slot] = slab
-        target = slab.numpy()
-        for storage, offset in pickler.placed:
-            _copy(storage_bytes(storage).numpy(), target[offset : offset + storage.nbytes()])
-        return bytes(ForkingPickler.dumps(("slab", (slot, fresh, buffer.getvalue()))))
-
-
-def _copy(source: np.ndarray, target: np.ndarray) -> None:
-    """Copy bytes with a plain memcpy on this thread.
-
-    torch's ``clone`` of a ~64 KiB ``uint8`` slice measured ~2 ms per call on two busy
-    cores (presumably its intra-op thread pool); a whole batch now decodes in ~0.07 ms.
-    """
-    np.copyto(target, source, casting="no")
-
-
-def _new_slab(needed: int) -> torch.Tensor:
-    size = max(_SLAB_MIN_BYTES, min(_SLAB_MAX_BYTES, needed * 5 // 4), needed)
-    return torch.empty(_aligned(size), dtype=torch.uint8).share_memory_()
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // _SLAB_ALIGN) * _SLAB_ALIGN
-
-
-class _SlabPickler(ForkingPickler):
-    """Pickles a batch with its plain CPU tensors' storages as slab offsets.
-
-    Each distinct storage gets an aligned place from offset 0 (``placed``; ``end`` is the
-    bytes needed) and is pickled as the persistent id ``(offset, nbytes)``; the caller
-    copies the storages in. Other tensors and objects pickle as with ForkingPickler.
-    """
-
-    def __init__(self, file: Any) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
-        self._offsets: dict[int, int] = {}
-        self.placed: list[tuple[torch.UntypedStorage, int]] = []
-        self.end = 0
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return reduce_plain_tensor(obj, self._storages) or NotImplemented
-        return NotImplemented
-
-    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
-        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu":
-            return None
-        offset = self._offsets.get(id(obj))
-        if offset is None:
-            offset = self._offsets[id(obj)] = self.end
-            self.placed.append((obj, offset))  # also keeps id(obj) unique while pickling
-            self.end = _aligned(offset + obj.nbytes())
-        return offset, obj.nbytes()
-
-
-class _SlabReader:
-    """Trainer side of the hand-off: copies each batch out of its slab, returns the slot.
-
-    Holds the slabs the collate process sent (one per slot) until :meth:`close`. A
-    decoded batch owns its memory: it shares nothing with the slab, so the consumer may
-    keep it after the slot is reused.
-    """
-
-    def __init__(self, returns: Connection, slots: int) -> None:
-        self._returns = returns
-        self._slabs: list[torch.Tensor | None] = [None] * slots
-
-    def decode(self, slot: int, fresh: torch.Tensor | None, blob: bytes) -> Any:
-        """The batch pickled in ``blob`` over slot ``slot`` (whose slab is ``fresh`` if new)."""
-        if fresh is not None:
-            self._slabs[slot] = fresh
-        try:
-            return _SlabUnpickler(io.BytesIO(blob), self._slabs[slot]).load()
-        finally:
-            with contextlib.suppress(OSError):  # the collate process is gone
-                self._returns.send_bytes(slot.to_bytes(4, "little"))
-
-    def close(self) -> None:
-        """Drop the slabs (their memory goes with the last holder) and the return pipe."""
-        self._slabs = []
-        self._returns.close()
-
-
-class _SlabUnpickler(pickle.Unpickler):
-    """Rebuilds each slab storage as a private copy (views of one storage stay shared)."""
-
-    def __init__(self, file: Any, slab: torch.Tensor | None) -> None:
-        super().__init__(file)
-        self._slab = slab
-        self._storages: dict[int, torch.UntypedStorage] = {}
-
-    def persistent_load(self, pid: tuple[int, int]) -> torch.UntypedStorage:
-        offset, nbytes = pid
-        storage = self._storages.get(offset)
-        if storage is None:
-            assert self._slab is not None, "a batch arrived over a slot with no slab"
-            copy = torch.empty(nbytes, dtype=torch.uint8)
-            _copy(self._slab.numpy()[offset : offset + nbytes], copy.numpy())
-            storage = self._storages[offset] = copy.untyped_storage()
-        return storage

@@ -1,8 +1,8 @@
-"""The trainer hand-off of the collate process (slabs) and the worker hop (inline pickles).
+"""The collate runner end to end: the worker hop (inline pickles) and the slab hand-off.
 
-Unit tests drive :class:`odb.runner._SlabWriter` and :class:`odb.runner._SlabReader`
-in one process over a real pipe; the rest run ``ODBLoader`` with a real collate process
-and check what a consumer holds, big batches, and that nothing grows over epochs.
+These run ``ODBLoader`` with a real collate process and check what a consumer holds,
+big batches, unpicklable samples, killed workers, a clean exit, and that nothing grows
+over epochs. The slab writer and reader alone: ``tests/odb/test_handoff.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import threading
 import time
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import psutil
@@ -20,112 +18,14 @@ import pytest
 import torch
 
 import odb
-import odb.runner as runner
+import odb.handoff as handoff
 from odb.collate import PadCollate
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
-from odb.runner import CollateRunner, CollateSpec, _SlabReader, _SlabWriter
+from odb.runner import CollateRunner, CollateSpec
 from odb.sources import _InlinePickler
 from odb.step_info import StepInfo
 from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
-
-
-def _pair(slots: int = 3) -> tuple[_SlabWriter, _SlabReader]:
-    reader_end, writer_end = multiprocessing.Pipe(duplex=False)
-    return _SlabWriter(reader_end, slots), _SlabReader(writer_end, slots)
-
-
-def _send(writer: _SlabWriter, batch: Any) -> tuple[str, Any]:
-    blob = writer.encode(("step", batch), threading.Event())
-    assert blob is not None
-    return ForkingPickler.loads(blob)
-
-
-def _hand_over(writer: _SlabWriter, reader: _SlabReader, batch: Any) -> Any:
-    kind, payload = _send(writer, batch)
-    assert kind == "slab"
-    return reader.decode(*payload)
-
-
-def _info() -> StepInfo:
-    return StepInfo(0, 0, 0, False, (3, 1), 2, 2, 5, 5, 5, 5.0, 1, 0)
-
-
-def test_round_trip_keeps_values_views_and_other_fields() -> None:
-    writer, reader = _pair()
-    ids = torch.arange(12).view(3, 4)
-    batch = {
-        "input_ids": ids,
-        "view": ids[1:].t(),  # a strided view of the same storage
-        "half": torch.ones(3, dtype=torch.bfloat16),
-        "grad": torch.ones(2, requires_grad=True),
-        "empty": torch.empty(0, 5),
-        "names": ["a", "b"],
-        odb.STEP_INFO_KEY: _info(),
-    }
-    out = _hand_over(writer, reader, batch)
-    assert torch.equal(out["input_ids"], ids) and torch.equal(out["view"], ids[1:].t())
-    assert out["view"].stride() == ids[1:].t().stride()
-    assert out["half"].dtype == torch.bfloat16 and out["grad"].requires_grad
-    assert out["empty"].shape == (0, 5) and out["names"] == ["a", "b"]
-    assert out[odb.STEP_INFO_KEY] == _info()
-    out["input_ids"][1, 0] = -1  # still views of one storage, and a private copy
-    assert out["view"][0, 0] == -1 and ids[1, 0] == 4
-    assert not out["input_ids"].is_shared()
-
-
-def test_slot_reuse_leaves_a_held_batch_intact() -> None:
-    writer, reader = _pair(slots=1)
-    held = [_hand_over(writer, reader, {"x": torch.full((1000,), step)}) for step in range(5)]
-    assert [int(b["x"].unique()) for b in held] == list(range(5))
-
-
-def test_a_slot_is_not_reused_before_the_trainer_returns_it() -> None:
-    writer, reader = _pair(slots=3)
-    first, second = (_send(writer, {"x": torch.zeros(4)}) for _ in range(2))
-    assert (first[1][0], second[1][0]) == (0, 1)
-    reader.decode(*second[1])  # slot 1 comes back; the lowest free slot is taken
-    assert _send(writer, {"x": torch.zeros(4)})[1][0] == 1
-
-
-def test_a_bigger_batch_grows_the_slab_once() -> None:
-    writer, reader = _pair(slots=1)
-    small = _send(writer, {"x": torch.zeros(10)})
-    assert small[1][1].numel() == runner._SLAB_MIN_BYTES  # a new slab travels once
-    reader.decode(*small[1])
-    big = torch.arange(2 * runner._SLAB_MIN_BYTES // 8)  # twice the first slab
-    kind, payload = _send(writer, {"x": big})
-    assert kind == "slab" and payload[1].numel() >= big.numel() * 8
-    assert torch.equal(reader.decode(*payload)["x"], big)
-    again = _send(writer, {"x": torch.zeros(10)})
-    assert again[1][1] is None  # the grown slab stays
-
-
-def test_a_batch_over_the_cap_takes_torch_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_SLAB_MAX_BYTES", 1024)
-    writer, reader = _pair(slots=1)
-    big = torch.arange(1000)
-    kind, batch = _send(writer, {"x": big, "n": 3})
-    assert kind == "step" and torch.equal(batch["x"], big) and batch["n"] == 3
-    assert writer._free == {0}  # the slot was not used
-    assert torch.equal(_hand_over(writer, reader, {"x": torch.arange(10)})["x"], torch.arange(10))
-
-
-def test_an_unpicklable_batch_raises_and_frees_its_slot() -> None:
-    writer, _ = _pair(slots=1)
-    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
-        writer.encode(("step", {"f": lambda: 0}), threading.Event())
-    assert writer._free == {0}
-
-
-def test_waiting_for_a_slot_ends_when_stopped_or_the_trainer_is_gone() -> None:
-    writer, reader = _pair(slots=1)
-    _send(writer, {"x": torch.zeros(1)})
-    stop = threading.Event()
-    stop.set()
-    assert writer.encode(("step", {"x": torch.zeros(1)}), stop) is None
-    reader.close()
-    assert writer.encode(("step", {"x": torch.zeros(1)}), threading.Event()) is None
 
 
 def test_worker_pickle_inlines_small_storages_and_shares_big_ones() -> None:
@@ -224,7 +124,7 @@ def test_held_batches_stay_intact_across_slot_reuse() -> None:
 
 
 def test_big_batches_grow_slabs_or_bypass_them() -> None:
-    cap_floats = runner._SLAB_MAX_BYTES // 4
+    cap_floats = handoff.SLAB_MAX_BYTES // 4
     pixels = {i: 100_000 for i in range(40)}  # 400 KB a sample: slabs must grow
     pixels[7] = cap_floats + 1  # one batch over the cap: torch's shared memory
     dataset = KeyedDataset(40, pixels)
