@@ -158,6 +158,26 @@ class AlignmentGroup:
         self.bytes_sent += vec.numel() * vec.element_size()
         return vec.tolist()
 
+    def gather_indices(self, mine: list[int]) -> list[list[int]]:
+        """All-gather variable-length index lists; every rank's list, in rank order.
+
+        Two collectives (the lengths, then the lists padded to the longest). Used once per
+        epoch, at its end, not per round.
+        """
+        if self.rendezvous is None:
+            return [list(mine)]
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        size = torch.tensor([len(mine)], dtype=torch.int64)
+        self._run("carry size all_gather", self._open().allgather([sizes], [size]))
+        longest = max(int(s.item()) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.int64)
+        padded[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        out = [torch.zeros(longest, dtype=torch.int64) for _ in range(self.world_size)]
+        if longest:
+            self._run("carry all_gather", self._open().allgather([out], [padded]))
+        self.bytes_sent += (1 + longest) * size.element_size()
+        return [t[: int(n.item())].tolist() for t, n in zip(out, sizes, strict=True)]
+
     def _open(self) -> dist.ProcessGroupGloo:
         if self._pg is None:
             raise AlignmentTimeoutError("ODB alignment group used after close()")

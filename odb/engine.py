@@ -196,7 +196,22 @@ def run_epoch(
             carry=[i for i, _ in carried], metrics=metrics.summary(), carried_samples=carried
         )
     unread = job.view[rounds.read_count :]
-    return EpochResult(carry=[i for i, _, _ in leftover] + unread, metrics=metrics.summary())
+    mine = [i for i, _, _ in leftover] + unread
+    return EpochResult(
+        carry=deal_carry(group.gather_indices(mine), job.rank), metrics=metrics.summary()
+    )
+
+
+def deal_carry(per_rank: list[list[int]], rank: int) -> list[int]:
+    """This rank's share of the epoch's carry, dealt round-robin over all ranks' carries.
+
+    Without the deal a rank that ends an epoch behind starts the next one with a longer
+    view, so it stays behind, and its carry can grow epoch after epoch. Dealt, views of
+    the next epoch differ in length by at most 2 (carry and fresh share +-1 each), which
+    keeps every rank's carry within ``2 * buffer_size + 2`` (``docs/protocol.md`` G4).
+    """
+    everything = [i for carry in per_rank for i in carry]
+    return everything[rank :: len(per_rank)]
 
 
 def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:

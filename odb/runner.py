@@ -133,6 +133,11 @@ class _BeatingGroup(AlignmentGroup):
         self.heartbeat.beat()
         return totals
 
+    def gather_indices(self, mine: list[int]) -> list[list[int]]:
+        lists = super().gather_indices(mine)
+        self.heartbeat.beat()
+        return lists
+
 
 def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Iterator[Any]:
     """The samples, beating on each; names a worker that died mid-transfer.
