@@ -515,11 +515,14 @@ class CollateRunner:
             )
         silent = now - max(self._last_progress, waiting_since)
         if silent > limit:
+            root = self._worker.pid if self._process else os.getpid()
             raise AlignmentTimeoutError(
                 f"{self.where} has not {what} for {silent:.1f} s: the dataset, a "
                 "DataLoader worker or collate_fn is stuck, or one sample takes longer than "
                 "align_timeout_s to load (its peers have timed out by now). Raise "
-                "align_timeout_s if that is legitimate"
+                "align_timeout_s if that is legitimate. Processes under "
+                f"{'the collate process' if self._process else 'the trainer'}: "
+                f"{describe_descendants(root)}"
             )
 
     def _death_message(self) -> str:
@@ -571,6 +574,45 @@ class CollateRunner:
             self._slabs.close()
         if isinstance(self._worker.exitcode, int) and self._worker.exitcode < 0:
             _remove_shm_of(self._worker.pid)
+
+
+def describe_descendants(root: int | None) -> str:
+    """``pid name (state, kernel wait)`` of every live descendant of ``root``, for errors.
+
+    Read from Linux's ``/proc``; says so where that is unavailable. A worker stuck in a
+    lock shows a futex wait; one stuck in I/O, its read or poll.
+    """
+    if root is None or not os.path.isdir(f"/proc/{root}/task"):
+        return "unknown (no /proc)"
+    found = [_describe_pid(pid) for pid in _descendants(root)]
+    return "; ".join(found) if found else "none"
+
+
+def _descendants(root: int) -> list[int]:
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+                out.extend(children)
+                todo.extend(children)
+    return out
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip() or "-"
+    except OSError:
+        return f"{pid} (gone)"
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    state = stat[stat.rindex(")") + 2 :].split()[0]
+    return f"{pid} {name} ({state}, {wchan})"
 
 
 def _remove_shm_of(pid: int | None) -> None:

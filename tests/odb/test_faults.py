@@ -227,7 +227,7 @@ def test_stall_longer_than_align_timeout(tmp_path: Path) -> None:
         run,
         plan,
         ("AlignmentTimeoutError",),
-        ("align_timeout_s=5.0", "stuck"),
+        ("align_timeout_s=5.0", "stuck", "Processes under"),
         peer_fragments=("no answer from a peer rank within align_timeout_s=5.0",),
     )
 

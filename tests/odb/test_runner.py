@@ -10,6 +10,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 
 import odb
 import odb.handoff as handoff
+import odb.runner as runner
 from odb.collate import PadCollate
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
@@ -200,3 +203,20 @@ def test_a_worker_killed_mid_write_is_named() -> None:
     with pytest.raises(RuntimeError, match="DataLoader worker"):
         for _ in batches:
             pass
+
+
+def test_describe_descendants_names_each_process_and_its_wait() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        text = runner.describe_descendants(os.getpid())
+        while f"{child.pid} " not in text and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = runner.describe_descendants(os.getpid())
+        entry = next(e for e in text.split("; ") if e.startswith(f"{child.pid} "))
+        # "<pid> <name> (<state>, <kernel wait channel>)"
+        assert entry.endswith(")") and "(" in entry and ", " in entry, entry
+    finally:
+        child.kill()
+        child.wait()
+    assert runner.describe_descendants(None) == "unknown (no /proc)"
