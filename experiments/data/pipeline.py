@@ -67,6 +67,9 @@ class DataConfig:
         aug_min_scale / aug_max_scale: random-resize factors; both 1.0 = no augmentation.
         seed: seeds the augmentation (with the epoch and the index).
         max_samples: read only the first ``max_samples`` records (0 = all).
+        holdout_samples: the last ``holdout_samples`` of those records are the held-out
+            split (validation loss); training never sees them.
+        holdout: read the held-out records instead of the training ones.
 
     Example:
         >>> DataConfig("ultrachat", "data/proxies/ultrachat", "data/assets/processor").cutoff_len
@@ -86,6 +89,8 @@ class DataConfig:
     aug_max_scale: float = 1.0
     seed: int = 0
     max_samples: int = 0
+    holdout_samples: int = 0
+    holdout: bool = False
 
     def __post_init__(self) -> None:
         if self.dataset not in DatasetName.__args__:
@@ -101,6 +106,11 @@ class DataConfig:
                              f"{self.aug_min_scale} and {self.aug_max_scale}")
         if self.max_samples < 0:
             raise ValueError(f"max_samples must be >= 0 (0 = all), got {self.max_samples}")
+        if self.holdout_samples < 0:
+            raise ValueError(f"holdout_samples must be >= 0, got {self.holdout_samples}")
+        if self.holdout and not self.holdout_samples:
+            raise ValueError("holdout=True reads the held-out split, but holdout_samples=0 "
+                             "defines none; set holdout_samples")
 
     @property
     def augment(self) -> bool:
@@ -144,7 +154,18 @@ def load_records(cfg: DataConfig):
         ds = load_dataset(_builder(files), data_files=files, split="train")
     if cfg.max_samples:
         ds = ds.select(range(min(cfg.max_samples, len(ds))))
-    return ds
+    return _split(ds, cfg)
+
+
+def _split(ds, cfg: DataConfig):
+    """The training records (all but the last ``holdout_samples``) or the held-out ones."""
+    if not cfg.holdout_samples:
+        return ds
+    n_train = len(ds) - cfg.holdout_samples
+    if n_train < 1:
+        raise ValueError(f"holdout_samples={cfg.holdout_samples} leaves no training records "
+                         f"out of {len(ds)}; lower it")
+    return ds.select(range(n_train, len(ds)) if cfg.holdout else range(n_train))
 
 
 def default_image_dir(cfg: DataConfig) -> Path:
@@ -329,7 +350,8 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         ip = self.image_processor
         parts = {
             "pipeline_version": PIPELINE_VERSION, "dataset": cfg.dataset, "data": data,
-            "max_samples": cfg.max_samples, "image_dir": str(self.image_dir),
+            "max_samples": cfg.max_samples,
+            "holdout": [cfg.holdout_samples, cfg.holdout], "image_dir": str(self.image_dir),
             "tokenizer": hashlib.sha256(
                 self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
             "chat_template": self.tokenizer.chat_template, "cutoff_len": cfg.cutoff_len,

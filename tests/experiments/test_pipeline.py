@@ -119,6 +119,8 @@ def test_fingerprint_changes_with_every_knob(datasets_by_name: dict, tmp_path: P
         "aug_max_scale": {"aug_min_scale": 0.5, "aug_max_scale": 2.0},
         "max_samples": {"max_samples": 100},
         "image_dir": {"image_dir": str(tmp_path)},
+        "holdout_samples": {"holdout_samples": 20},
+        "holdout": {"holdout_samples": 20, "holdout": True},
     }
     seen = {base.fingerprint()}
     for knob, change in variants.items():
@@ -153,7 +155,20 @@ def test_cutoff_truncates_text_and_refuses_to_cut_images(datasets_by_name: dict)
         images[0]
 
 
+def test_holdout_split_is_disjoint_and_complete(datasets_by_name: dict) -> None:
+    base = _variant(datasets_by_name["ultrachat"])
+    train = _variant(datasets_by_name["ultrachat"], holdout_samples=30)
+    held = _variant(datasets_by_name["ultrachat"], holdout_samples=30, holdout=True)
+    assert (len(train), len(held)) == (170, 30)
+    ids = [r["prompt_id"] for r in base.records]
+    assert [r["prompt_id"] for r in train.records] + [r["prompt_id"] for r in held.records] == ids
+    with pytest.raises(ValueError, match="leaves no training records"):
+        _variant(datasets_by_name["ultrachat"], holdout_samples=200)
+
+
 def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="holdout_samples=0"):
+        DataConfig("mmmix", "x", "y", holdout=True)
     with pytest.raises(ValueError, match="aug_min_scale"):
         DataConfig("mmmix", "x", "y", aug_min_scale=2.0, aug_max_scale=1.0)
     with pytest.raises(ValueError, match="Unknown dataset"):
