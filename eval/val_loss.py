@@ -22,6 +22,9 @@ without an import cycle; the command line (`main`) reads the data through the re
 
 from __future__ import annotations
 
+import argparse
+import json
+import time
 from collections.abc import Sequence
 
 import torch
@@ -191,3 +194,81 @@ def validation_loss(
         "token_budget": token_budget,
         "world_size": world,
     }
+
+
+def run(cfg) -> dict:
+    """Load ``cfg.checkpoint``, score the held-out split, write and return the record."""
+    from eval.checkpoint import load_checkpoint
+    from eval.results import result_record, write_result
+    from experiments.data.pipeline import DataConfig, PreprocessedDataset, data_files
+
+    started = time.perf_counter()
+    model, tokenizer, _, meta = load_checkpoint(
+        cfg.checkpoint, dtype=cfg.torch_dtype, device=cfg.device
+    )
+    data_cfg = DataConfig(
+        cfg.dataset,
+        cfg.source,
+        cfg.processor or meta.processor,
+        cutoff_len=cfg.cutoff_len,
+        image_max_pixels=cfg.image_max_pixels,
+        max_samples=cfg.max_samples,
+        holdout_samples=cfg.holdout_samples,
+        holdout=True,
+    )
+    dataset = PreprocessedDataset(data_cfg)
+    out = validation_loss(
+        model,
+        dataset,
+        token_budget=cfg.token_budget,
+        pad_token_id=dataset.tokenizer.pad_token_id,
+        device=cfg.device,
+    )
+    record = result_record(
+        "val_loss",
+        config=cfg,
+        meta=meta,
+        model=model,
+        task=f"val_loss_{cfg.dataset}",
+        split="holdout",
+        shots=0,
+        chat_template=True,
+        items_scored=out["samples"],
+        items_excluded=0,
+        accuracy=None,
+        per_category={},
+        metrics=out | {"fingerprint": dataset.fingerprint()},
+        source=cfg.source,
+        local_data=data_files(data_cfg) is not None,
+        started=started,
+    )
+    write_result(record, cfg.out)
+    return record
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from eval.config import DTYPES, VAL_LOSS_DATASETS, ValLossConfig
+
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.val_loss", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--out", required=True, help="result JSON path")
+    parser.add_argument("--dataset", required=True, choices=VAL_LOSS_DATASETS)
+    parser.add_argument("--source", required=True, help="the training data, as in training")
+    parser.add_argument("--holdout-samples", type=int, required=True)
+    parser.add_argument("--max-samples", type=int, default=0)
+    parser.add_argument("--token-budget", type=int, default=16384)
+    parser.add_argument("--image-max-pixels", type=int, default=768 * 768)
+    parser.add_argument("--cutoff-len", type=int, default=16384)
+    parser.add_argument("--processor", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    args = parser.parse_args(argv)
+    record = run(ValLossConfig(**{k: v for k, v in vars(args).items()}))
+    print(json.dumps({k: record[k] for k in ("benchmark", "task", "metrics", "scale")}, indent=2))
+    return record
+
+
+if __name__ == "__main__":
+    main()
