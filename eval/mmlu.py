@@ -1,0 +1,235 @@
+"""MMLU through lm-eval's own task machinery and its ``hf`` model.
+
+The loaded checkpoint and its tokenizer are wrapped in lm-eval's ``HFLM`` and scored
+with ``simple_evaluate``: on the cluster the standard ``mmlu`` group (``cais/mmlu`` from
+the hub, 57 subjects in 4 categories); offline, the ``mmlu_local`` group built by
+`write_local_tasks` from local files in the ``cais/mmlu`` fields. The local group copies
+lm-eval's own MMLU task settings (prompt, choices, few-shot sampler, per-subject
+description and category tag) and changes only where the data comes from
+(``dataset_path: json``), so both runs take the same code path. Shots and chat-template
+use are settings and go into the result.
+
+    python -m eval.mmlu --checkpoint runs/x/final --out results/eval/x/mmlu.json
+    python -m eval.mmlu --checkpoint runs/x/final --task mmlu_local \\
+        --task-files eval/fixtures/mmlu --out results/eval/x/mmlu_local.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+CATEGORIES = ("stem", "humanities", "social_sciences", "other")
+MMLU_FIELDS = ("question", "subject", "choices", "answer")
+LOCAL_TASK = "mmlu_local"
+
+
+def _lm_eval_mmlu_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent / "mmlu" / "default"
+
+
+def _check_rows(path: Path) -> int:
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"MMLU task file {path} has no rows")
+    for n, line in enumerate(lines, 1):
+        row = json.loads(line)
+        missing = [f for f in MMLU_FIELDS if f not in row]
+        if missing:
+            raise ValueError(
+                f"MMLU task file {path} line {n} lacks field(s) {missing}; "
+                f"every row needs {list(MMLU_FIELDS)} (the cais/mmlu fields)"
+            )
+        if len(row["choices"]) != 4 or row["answer"] not in (0, 1, 2, 3):
+            raise ValueError(
+                f"MMLU task file {path} line {n}: need 4 choices and an answer "
+                f"index 0-3, got {len(row['choices'])} choices and answer "
+                f"{row['answer']!r}"
+            )
+    return len(lines)
+
+
+def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
+    """Write the ``mmlu_local`` group's task YAML into ``out_dir``; returns ``out_dir``.
+
+    ``task_files`` holds ``<subject>/test.jsonl`` and ``<subject>/dev.jsonl`` for MMLU
+    subjects (names as lm-eval's ``mmlu_<subject>`` tasks). Paths in the YAML are
+    absolute because lm-eval resolves ``data_files`` against the working directory.
+
+    Raises:
+        FileNotFoundError: a folder or split file is missing.
+        ValueError: an unknown subject, or rows with missing fields.
+    """
+    root = Path(task_files).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"MMLU task folder {root} does not exist; write it with "
+            f"python -m eval.make_fixtures or pass --task-files"
+        )
+    subjects = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not subjects:
+        raise FileNotFoundError(f"MMLU task folder {root} has no <subject>/ folders")
+    real = _lm_eval_mmlu_dir()
+    template = yaml.safe_load((real / "_default_template_yaml").read_text())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for subject in subjects:
+        spec_path = real / f"mmlu_{subject}.yaml"
+        if not spec_path.exists():
+            raise ValueError(
+                f"{root / subject} is not an MMLU subject (lm-eval has no "
+                f"mmlu_{subject}); name folders after cais/mmlu configs"
+            )
+        files = {split: root / subject / f"{split}.jsonl" for split in ("test", "dev")}
+        for split, path in files.items():
+            if not path.exists():
+                raise FileNotFoundError(f"MMLU subject {subject} lacks its {split} split {path}")
+            _check_rows(path)
+        spec = yaml.safe_load(spec_path.read_text())
+        task = dict(template)
+        task.update(
+            task=f"{LOCAL_TASK}_{subject}",
+            task_alias=subject,
+            description=spec["description"],
+            tag=spec["tag"].replace("mmlu_", f"{LOCAL_TASK}_", 1),
+            dataset_path="json",
+            dataset_name=None,
+            dataset_kwargs={"data_files": {k: str(v) for k, v in files.items()}},
+        )
+        (out / f"{LOCAL_TASK}_{subject}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+    aggregate = [{"metric": "acc", "weight_by_size": True}]
+    present = {
+        yaml.safe_load((out / f"{LOCAL_TASK}_{s}.yaml").read_text())["tag"] for s in subjects
+    }
+    categories = [c for c in CATEGORIES if f"{LOCAL_TASK}_{c}_tasks" in present]
+    for c in categories:
+        group = {
+            "group": f"{LOCAL_TASK}_{c}",
+            "group_alias": c,
+            "task": [f"{LOCAL_TASK}_{c}_tasks"],
+            "aggregate_metric_list": aggregate,
+            "metadata": {"version": 2},
+        }
+        (out / f"_{LOCAL_TASK}_{c}.yaml").write_text(yaml.safe_dump(group, sort_keys=False))
+    top = {
+        "group": LOCAL_TASK,
+        "task": [f"{LOCAL_TASK}_{c}" for c in categories],
+        "aggregate_metric_list": aggregate,
+        "metadata": {"version": 2},
+    }
+    (out / f"_{LOCAL_TASK}.yaml").write_text(yaml.safe_dump(top, sort_keys=False))
+    return out
+
+
+def summarise(results: dict, task: str) -> dict:
+    """Overall, per-category and per-subject accuracy with item counts from lm-eval's
+    ``simple_evaluate`` output for the group ``task`` (``mmlu`` or ``mmlu_local``)."""
+    scores, counts = results["results"], results["n-samples"]
+    if task not in scores:
+        raise ValueError(f"lm-eval returned no result for {task!r}; got {sorted(scores)[:8]}")
+    subjects = {name[len(task) + 1 :]: name for name in counts if name.startswith(f"{task}_")}
+    per_subject = {
+        s: {"accuracy": scores[n]["acc,none"], "items": counts[n]["effective"]}
+        for s, n in sorted(subjects.items())
+    }
+    # a group's sample_len is the number of items under it (lm-eval's own count)
+    per_category = {
+        c: {
+            "accuracy": scores[f"{task}_{c}"]["acc,none"],
+            "items": int(scores[f"{task}_{c}"]["sample_len"]),
+        }
+        for c in CATEGORIES
+        if f"{task}_{c}" in scores
+    }
+    items = sum(v["items"] for v in per_subject.values())
+    return {
+        "accuracy": scores[task]["acc,none"],
+        "items": items,
+        "per_category": per_category,
+        "per_subject": per_subject,
+    }
+
+
+def run(cfg) -> dict:
+    """Load ``cfg.checkpoint``, run lm-eval, write and return the record."""
+    import tempfile
+
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from eval.checkpoint import load_checkpoint
+    from eval.results import result_record, write_result
+
+    started = time.perf_counter()
+    model, tokenizer, _, meta = load_checkpoint(
+        cfg.checkpoint, dtype=cfg.torch_dtype, device=cfg.device
+    )
+    with tempfile.TemporaryDirectory(prefix="mmlu_tasks-") as tmp:
+        include = write_local_tasks(cfg.task_files, tmp) if cfg.task_files else None
+        manager = TaskManager(include_path=str(include) if include else None)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size)
+        results = simple_evaluate(
+            model=lm,
+            tasks=[cfg.task],
+            task_manager=manager,
+            num_fewshot=cfg.num_fewshot,
+            apply_chat_template=cfg.apply_chat_template,
+            fewshot_as_multiturn=cfg.apply_chat_template,
+            limit=cfg.limit or None,
+            bootstrap_iters=0,
+            log_samples=False,
+        )
+    summary = summarise(results, cfg.task)
+    record = result_record(
+        "mmlu",
+        config=cfg,
+        meta=meta,
+        model=model,
+        task=cfg.task,
+        split="test",
+        shots=cfg.num_fewshot,
+        chat_template=cfg.apply_chat_template,
+        items_scored=summary["items"],
+        items_excluded=0,
+        accuracy=summary["accuracy"],
+        per_category=summary["per_category"],
+        metrics={"per_subject": summary["per_subject"], "metric": "acc"},
+        source=str(cfg.task_files) if cfg.task_files else "cais/mmlu",
+        local_data=cfg.task_files is not None,
+        started=started,
+    )
+    write_result(record, cfg.out)
+    return record
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from eval.config import DTYPES, MMLUConfig
+
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.mmlu", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--out", required=True, help="result JSON path")
+    parser.add_argument("--task", default="mmlu", help="mmlu (hub) or mmlu_local")
+    parser.add_argument("--task-files", default=None, help="local MMLU folder (mmlu_local)")
+    parser.add_argument("--num-fewshot", type=int, default=0)
+    parser.add_argument("--apply-chat-template", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    args = parser.parse_args(argv)
+    record = run(MMLUConfig(**vars(args)))
+    print(json.dumps({k: record[k] for k in ("benchmark", "task", "accuracy", "scale")}))
+    return record
+
+
+if __name__ == "__main__":
+    main()
