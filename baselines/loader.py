@@ -18,12 +18,14 @@ does the rest once, the same way for all of them:
   rounds): ``step // grad_accum_steps``. A rank that raises leaves a note for its peers
   and closes the group, so they fail at once, naming it, instead of waiting out
   ``align_timeout_s``.
-* ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly once. The plan is a
-  pure function of the seed, the epoch, the pool and the world size, so each rank knows
-  what *every* rank has consumed after ``k`` steps and the state needs no collective. A
-  restore with the same world size and plan replays the plan from step ``k`` (the
-  remaining batches are identical); otherwise the samples still owed are re-planned
-  over the current ranks.
+* ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly once, with ODB's
+  contract: every rank's ``state_dict()`` is its piece, taken without a collective, and
+  ``load_state_dict`` takes the list of pieces (or one dict). The plan is a pure
+  function of the seed, the epoch, the pool and the world size, so each rank knows
+  what *every* rank has consumed after ``k`` steps: a baseline's piece is already the
+  whole state (pieces of one save agree; any one of them restores). A restore with the
+  same world size and plan replays the plan from step ``k`` (the remaining batches are
+  identical); otherwise the samples still owed are re-planned over the current ranks.
 * ``stats()`` measures the realised batches (padding, budget fill, IDLE steps) and
   counts *budget violations*: multi-sample steps whose realised cost exceeds the budget,
   which happens when the lengths a plan was made from (a cache, a proxy, a fixed batch
@@ -63,7 +65,20 @@ PLAN_STEP = "plan_step"
 STEPS_BEFORE = "steps_before_plan"
 PLAN_BASE = "plan_base"
 PROGRESS = "progress"
-STATE_KEYS = (METHOD, PLAN_KEY, PLAN_WORLD_SIZE, PLAN_STEP, STEPS_BEFORE, PLAN_BASE, PROGRESS)
+# Who saved the piece (ODB's piece keys): informative, the rest is the whole state.
+RANK = "rank"
+WORLD_SIZE = "world_size"
+STATE_KEYS = (
+    METHOD,
+    PLAN_KEY,
+    PLAN_WORLD_SIZE,
+    PLAN_STEP,
+    STEPS_BEFORE,
+    PLAN_BASE,
+    PROGRESS,
+    RANK,
+    WORLD_SIZE,
+)
 
 
 @dataclass(frozen=True)
@@ -323,8 +338,11 @@ class PlannedLoader:
         return dict(self._last_stats)
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume state over all ranks. Call it on every rank at the same step; it needs no
-        communication (every rank knows every rank's plan)."""
+        """This rank's piece of the resume state; returns at once, no collective.
+
+        Any rank may call it at any step. Every rank knows every rank's plan, so the
+        piece is the whole state over all ranks: a plain, small, tensor-free dict.
+        """
         if self._plan is None:  # nothing run yet: the pending epoch, untouched
             resume = self._pending()
             plan_world, step = self.world_size, resume.step
@@ -346,17 +364,21 @@ class PlannedLoader:
             STEPS_BEFORE: steps_before,
             PLAN_BASE: self._state(base, epoch=epoch).to_dict(),
             PROGRESS: self._state(consumed, done, epoch=epoch).to_dict(),
+            RANK: self.rank,
+            WORLD_SIZE: self.world_size,
         }
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict`, possibly taken at another world size.
+    def load_state_dict(self, state_dict: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> None:
+        """Restore from the pieces of :meth:`state_dict` (a list, any order, or one dict).
 
-        The next ``iter()`` continues the saved epoch with exactly the samples it still
-        owes. Same world size and same plan: the remaining steps are identical to an
+        Each piece is the whole state, so any subset of a save's pieces restores; pieces
+        that disagree are refused. The state may come from another world size. The next
+        ``iter()`` continues the saved epoch with exactly the samples it still owes.
+        Same world size and same plan: the remaining steps are identical to an
         uninterrupted run. Otherwise the owed samples are re-planned over the current
         ranks. A state saved after an epoch finished positions the next epoch.
         """
-        state = dict(state_dict)
+        state = _one_state(state_dict)
         missing = [k for k in STATE_KEYS if k not in state]
         unknown = sorted(set(state) - set(STATE_KEYS))
         if missing or unknown:
@@ -364,9 +386,10 @@ class PlannedLoader:
                 f"baseline loader state has missing keys {missing} and unknown keys {unknown}; "
                 "pass the dict returned by state_dict()"
             )
-        if state.pop(METHOD) != self.method:
+        method = state.pop(METHOD)
+        if method != self.method:
             raise ValueError(
-                f"the state was saved by a {state_dict[METHOD]!r} loader; this loader is "
+                f"the state was saved by a {method!r} loader; this loader is "
                 f"{self.method!r}. Resume with the same method"
             )
         progress = LoaderState.from_dict(state.pop(PROGRESS))
@@ -383,6 +406,7 @@ class PlannedLoader:
                 "the loader with the saved settings"
             )
         step, steps_before = state.pop(PLAN_STEP), state.pop(STEPS_BEFORE)
+        state.pop(RANK), state.pop(WORLD_SIZE)  # who saved it: any piece is whole
         same_plan = state.pop(PLAN_WORLD_SIZE) == self.world_size and state.pop(
             PLAN_KEY
         ) == self._plan_key(progress.epoch)
@@ -551,6 +575,29 @@ class PlannedLoader:
         for values in (self.lengths, self.patches):
             digest.update(repr(values).encode())
         return digest.hexdigest()[:16]
+
+
+def _one_state(pieces: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
+    """The whole state from a save's pieces (each is whole; they must agree)."""
+    if isinstance(pieces, Mapping):
+        pieces = [pieces]
+    if not isinstance(pieces, (list, tuple)) or not pieces:
+        raise TypeError(
+            "load_state_dict takes the state_dict() pieces of the saved ranks: a non-empty "
+            f"list of dicts, or one dict; got {type(pieces).__name__}"
+        )
+    for piece in pieces:
+        if not isinstance(piece, Mapping):
+            raise TypeError(f"a loader state piece must be a dict, got {type(piece).__name__}")
+    first = {k: v for k, v in pieces[0].items() if k != RANK}
+    for piece in pieces[1:]:
+        if {k: v for k, v in piece.items() if k != RANK} != first:
+            raise ValueError(
+                f"baseline loader state pieces of ranks {pieces[0].get(RANK)} and "
+                f"{piece.get(RANK)} disagree: they come from different checkpoints or steps; "
+                "pass the pieces of one save"
+            )
+    return dict(pieces[0])
 
 
 def _ids(plan: Plan, steps: int) -> list[int]:

@@ -150,7 +150,7 @@ def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str,
             counts["lost_ids"] += max(gap, 0)
             counts["duplicated_ids"] += max(-gap, 0)
             carried_before = carried
-            carry_in = list(epochs[0]["carry_next"])
+            carry_in = [i for e in epochs for i in e["carry_next"]]  # one share per rank
     result: dict[str, Any] = dict(counts)
     try:
         check_scenario(scenario, per_rank)

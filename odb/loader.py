@@ -15,14 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from odb.collate import PadCollate
 from odb.comm import open_rendezvous
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
-from odb.resume import LoaderState, merge
+from odb.resume import LoaderState, StatePiece, merge_pieces, parse_pieces
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import rank_view
 from odb.sources import is_stream
@@ -98,8 +97,13 @@ class ODBLoader:
         self._emitted_global = 0
         self._epoch_total = 0
         self._resume: LoaderState | None = None
-        # Exactly-once ledger of the current epoch (see odb/resume.py).
+        # Exactly-once ledger of the current epoch (see odb/resume.py): the epoch last
+        # iterated (None: none since construction or load), this rank's share of the
+        # restored state it continued, what it read as carry and what it yielded.
         self._restored: LoaderState | None = None
+        self._iter_epoch: int | None = None
+        self._base = LoaderState(0, None, 0, False)
+        self._shard = "odb"
         self._carry_in: list[int] = []
         self._consumed: list[int] = []
         self._epoch_done = False
@@ -157,37 +161,57 @@ class ODBLoader:
         return dict(self._last_stats)
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume state over all ranks; collective: call it on every rank at the same step.
+        """This rank's piece of the resume state; returns at once, no collective.
 
-        Samples yielded to the trainer before this call are never yielded again in this
-        epoch after :meth:`load_state_dict`; every other sample of the epoch will be.
+        Any rank may call it at any step (a rank-0-only save cannot hang). The piece is a
+        small, plain, picklable dict (no tensors) describing what *this* rank's trainer
+        has consumed; resuming needs the pieces of every rank, passed together to
+        :meth:`load_state_dict`. Samples yielded before this call are never yielded
+        again in this epoch after the load; every other sample of the epoch will be.
+
+        Example:
+            >>> piece = loader.state_dict()                      # doctest: +SKIP
+            >>> torch.save(piece, f"ckpt/loader_rank{rank}.pt")  # doctest: +SKIP
         """
+        piece = StatePiece(
+            self.rank, self.world_size, self._shard, self.config.num_workers, self._share()
+        )
+        return piece.to_dict()
+
+    def _share(self) -> LoaderState:
+        """This rank's share of the epoch's ledger (see :mod:`odb.resume`)."""
         cfg = self.config
-        mine = (self._carry_in, self._consumed, self._carry if self._epoch_done else [])
-        carry_in, consumed, carry_next = merge(_gather(mine, self.world_size))
-        if self._restored is not None:
-            carry_in = list(self._restored.carry_in)
-            consumed = list(self._restored.consumed) + consumed
-        state = LoaderState(
-            self.epoch,
-            None if self._stream else len(self.dataset),
+        size = None if self._stream else len(self.dataset)
+        if self._resume is not None:  # restored, not iterated yet
+            return self._resume.share(self.rank, self.world_size)
+        if self._iter_epoch is None:  # a fresh epoch not started yet, with its carry
+            return LoaderState(self.epoch, size, cfg.seed, cfg.shuffle, tuple(self._carry))
+        base = self._base
+        return LoaderState(
+            self._iter_epoch,
+            size,
             cfg.seed,
             cfg.shuffle,
-            tuple(carry_in),
-            tuple(consumed),
+            base.carry_in + tuple(self._carry_in),
+            base.consumed + tuple(self._consumed),
             self._epoch_done,
-            tuple(carry_next),
+            tuple(self._carry) if self._epoch_done else (),
         )
-        return state.to_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`, possibly taken at another world size.
+    def load_state_dict(self, state_dict: list[dict[str, Any]] | dict[str, Any]) -> None:
+        """Restore from the pieces of every rank's :meth:`state_dict`, in any order.
 
-        The next ``iter()`` continues the saved epoch with only the samples it still owes
-        (re-sharded over the current ranks). A state saved after an epoch finished
-        positions the loader at the start of the next epoch, with its carry.
+        A single dict works when it is a whole state (saved at world size 1). The
+        pieces may come from another world size: the next ``iter()`` continues the
+        saved epoch with only the samples it still owes, re-sharded over the current
+        ranks. A state saved after an epoch finished positions the loader at the start
+        of the next epoch, with its carry.
+
+        Raises:
+            ValueError: Pieces are missing (the message names their ranks), come from
+                different checkpoints, or the dataset or seed does not match.
         """
-        state = LoaderState.from_dict(state_dict)
+        state = merge_pieces(parse_pieces(state_dict))
         if self._stream:
             self._check_stream_state(state)
         elif state.num_samples != len(self.dataset):
@@ -201,6 +225,7 @@ class ODBLoader:
                 f"this loader has seed={self.config.seed}, shuffle="
                 f"{self.config.shuffle}; build the loader with the saved settings"
             )
+        self._iter_epoch = None
         if state.epoch_done:
             self.epoch, self._resume = state.epoch + 1, None
             self._carry = list(state.carry_next[self.rank :: self.world_size])
@@ -222,6 +247,12 @@ class ODBLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._restored, self._resume = self._resume, None
+        self._iter_epoch = self.epoch if self._restored is None else self._restored.epoch
+        self._base = (
+            LoaderState(self._iter_epoch, None, 0, False)
+            if self._restored is None
+            else self._restored.share(self.rank, self.world_size)
+        )
         self._consumed, self._epoch_done, self._steps = [], False, 0
         self._real_tokens, self._last_info = 0, None
         self._emitted_global = len(self._restored.consumed) if self._restored else 0
@@ -288,15 +319,6 @@ class ODBLoader:
         self._last_stats = dict(
             runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(self._carry)
         )
-
-
-def _gather(mine: Any, world_size: int) -> list[Any]:
-    """All-gather a picklable object over the trainer's group (itself at world size 1)."""
-    if world_size == 1:
-        return [mine]
-    out: list[Any] = [None] * world_size
-    dist.all_gather_object(out, mine)
-    return out
 
 
 def _resolve_config(

@@ -74,14 +74,49 @@ def test_resume_two_ranks_is_exactly_once_and_identical() -> None:
         assert r["steps"] == len(r["full"]) - 3
         ids += [i for step in r["before"] + r["after"] for i in step]
     assert sorted(ids) == list(range(N))
-    # Elastic: the two-rank state restored on one rank re-plans what is still owed.
+    pieces = [r["state"] for r in results]
+    assert [p["rank"] for p in pieces] == [0, 1]
+    # Elastic: the two-rank pieces restored on one rank re-plan what is still owed.
     single = _loader("gmt")
-    single.load_state_dict(results[0]["state"])
+    single.load_state_dict(pieces[::-1])
     single.set_epoch(EPOCH)
     rest = [i for step in _drain(single) for i in step]
     before = [i for r in results for step in r["before"] for i in step]
     assert sorted(before + rest) == list(range(N))
     assert single.progress() == 1.0
+
+
+def _rank0_only(rank: int, world_size: int) -> dict | None:
+    """Rank 0 alone takes its piece mid-epoch; a collective there would hang rank 0."""
+    loader = _loader("bmt")
+    loader.set_epoch(EPOCH)
+    piece = None
+    for step, _ in enumerate(loader, start=1):
+        if step == 2 and rank == 0:
+            piece = loader.state_dict()
+    return piece
+
+
+@pytest.mark.dist
+def test_rank0_only_piece_is_whole() -> None:
+    piece = run_ranks(_rank0_only, 2, timeout=60)[0]
+    assert piece["rank"] == 0 and piece["world_size"] == 2
+    single = _loader("bmt")
+    single.load_state_dict(piece)  # any one piece of a baseline is the whole state
+    single.set_epoch(EPOCH)
+    rest = sorted(i for step in _drain(single) for i in step)
+    assert len(rest) < N and single.progress() == 1.0
+
+
+def test_pieces_of_different_saves_are_refused() -> None:
+    before, early = _first_part(_loader(), 1)
+    loader = _loader()
+    _first_part(loader, 2)
+    late = loader.state_dict()
+    with pytest.raises(ValueError, match="disagree"):
+        _loader().load_state_dict([early, dict(late, rank=1)])
+    with pytest.raises(TypeError, match="non-empty list"):
+        _loader().load_state_dict([])
 
 
 def test_state_after_the_last_step_positions_the_next_epoch() -> None:

@@ -1,8 +1,9 @@
 """A 2-rank "training loop" that checkpoints its loader, for the kill-and-restart test.
 
-``python kill_resume_script.py DIR kill``: every 5 steps the loader state is saved
-(collectively) to DIR/ckpt.pt; rank 1 SIGKILLs itself after step 12.
-``python kill_resume_script.py DIR resume``: loads DIR/ckpt.pt and drains the epoch.
+``python kill_resume_script.py DIR kill``: every 5 steps each rank saves its own piece of
+the loader state (no collective) to DIR/ckpt_<rank>.pt, as frameworks that checkpoint
+per process do; rank 1 SIGKILLs itself after step 12.
+``python kill_resume_script.py DIR resume``: loads every rank's piece and drains the epoch.
 Each rank appends the ids it consumes to DIR/ids_<phase>_<rank>.txt.
 """
 
@@ -26,11 +27,18 @@ LENGTHS = [(i * 31) % 170 + 1 for i in range(150)]
 def main(out: Path, phase: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=256, window_budgets=2,
-                           queue_depth=2, num_workers=1, align_timeout_s=30.0)
+    loader = odb.ODBLoader(
+        LengthDataset(LENGTHS),
+        token_budget=256,
+        window_budgets=2,
+        queue_depth=2,
+        num_workers=1,
+        align_timeout_s=30.0,
+    )
     loader.set_epoch(3)
     if phase == "resume":
-        loader.load_state_dict(torch.load(out / "ckpt.pt", weights_only=False))
+        pieces = [torch.load(path, weights_only=False) for path in sorted(out.glob("ckpt_*.pt"))]
+        loader.load_state_dict(pieces)
     log = open(out / f"ids_{phase}_{rank}.txt", "a")  # noqa: SIM115 - flushed per step
     for step, batch in enumerate(loader, start=1):
         log.write(" ".join(map(str, odb.pop_step_info(batch).sample_ids)) + "\n")
@@ -39,11 +47,9 @@ def main(out: Path, phase: str) -> None:
             pids = [p.pid for p in psutil.Process().children(recursive=True)]
             (out / f"children_{phase}_{rank}.txt").write_text(" ".join(map(str, pids)))
         if phase == "kill" and step % 5 == 0:
-            state = loader.state_dict()
-            if rank == 0:
-                torch.save(state, out / "ckpt.tmp")
-                os.replace(out / "ckpt.tmp", out / "ckpt.pt")
-            dist.barrier()
+            torch.save(loader.state_dict(), out / f"ckpt_{rank}.tmp")
+            os.replace(out / f"ckpt_{rank}.tmp", out / f"ckpt_{rank}.pt")
+            dist.barrier()  # the model's checkpoint step, in a real loop
         if phase == "kill" and rank == 1 and step == 12:
             os.kill(os.getpid(), signal.SIGKILL)
     dist.destroy_process_group()

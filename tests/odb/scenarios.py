@@ -124,7 +124,7 @@ def run_scenario(scenario: Scenario) -> list[dict[str, Any]]:
                     step=info.step,
                 )
             )
-        # Collective, like every checkpoint: the ids carried into the next epoch.
+        # This rank's piece of the state: its share of the ids carried into the next epoch.
         carry_next = loader.state_dict()["carry_next"]
         records.append(dict(steps=steps, stats=loader.stats(), carry_next=carry_next))
     return records
@@ -172,7 +172,7 @@ def check_scenario(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> 
                     f"carry {e['stats']['carried']} > {bound}"
                 )
             carried_before = carried
-            carry_in = epochs[0]["carry_next"]
+            carry_in = [i for e in epochs for i in e["carry_next"]]
         for e in epochs:
             stats = e["stats"]
             assert stats["tail_rounds"] <= max(stats["tail_start_buffered"], 0), stats

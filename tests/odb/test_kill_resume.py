@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from odb.resume import LoaderState
+from odb.resume import merge_pieces, parse_pieces
 from tests.dist import run_torchrun
 from tests.odb.kill_resume_script import LENGTHS
 
@@ -27,25 +27,31 @@ def _alive(tmp_path: Path) -> list[int]:
     """Children (collate process, workers) the killed run's ranks recorded, still alive."""
     pids = [int(p) for f in tmp_path.glob("children_kill_*.txt") for p in f.read_text().split()]
     assert pids, "the ranks did not record their children"
-    return [p for p in pids if psutil.pid_exists(p)
-            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_sigkill_then_resume_is_exactly_once(tmp_path: Path) -> None:
-    code, _, err = run_torchrun(SCRIPT, 2, [str(tmp_path), "kill"], timeout=150,
-                                env={"PYTHONPATH": ROOT})
+    code, _, err = run_torchrun(
+        SCRIPT, 2, [str(tmp_path), "kill"], timeout=150, env={"PYTHONPATH": ROOT}
+    )
     assert code != 0, "the killed run must fail"
     deadline = time.monotonic() + 15
     while _alive(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _alive(tmp_path) == [], "processes of the killed run were left behind"
-    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
-    consumed = LoaderState.from_dict(state).consumed
+    pieces = [torch.load(p, weights_only=False) for p in sorted(tmp_path.glob("ckpt_*.pt"))]
+    assert len(pieces) == 2, "each rank saves its own piece"
+    consumed = merge_pieces(parse_pieces(pieces)).consumed
     before = _ids(tmp_path / "ids_kill_0.txt") + _ids(tmp_path / "ids_kill_1.txt")
     assert set(consumed) <= set(before) and len(consumed) == len(set(consumed)) > 0
 
-    code, _, err = run_torchrun(SCRIPT, 2, [str(tmp_path), "resume"], timeout=150,
-                                env={"PYTHONPATH": ROOT})
+    code, _, err = run_torchrun(
+        SCRIPT, 2, [str(tmp_path), "resume"], timeout=150, env={"PYTHONPATH": ROOT}
+    )
     assert code == 0, err[-3000:]
     after = _ids(tmp_path / "ids_resume_0.txt") + _ids(tmp_path / "ids_resume_1.txt")
     assert sorted(list(consumed) + after) == list(range(len(LENGTHS)))

@@ -27,8 +27,9 @@ class LengthStream(IterableDataset):
 
 
 def _epochs(rank: int, world_size: int, mode: str, workers: int, join: bool, epochs: int):
-    loader = odb.ODBLoader(LengthStream(LENGTHS), collate_mode=mode, num_workers=workers,
-                           join=join, **OPTIONS)
+    loader = odb.ODBLoader(
+        LengthStream(LENGTHS), collate_mode=mode, num_workers=workers, join=join, **OPTIONS
+    )
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -73,7 +74,7 @@ def test_stream_non_join_quota_closure() -> None:
         carried_before = carried
 
 
-def _resume_part(rank: int, world_size: int, k: int, state: dict | None):
+def _resume_part(rank: int, world_size: int, k: int, state: list[dict] | None):
     loader = odb.ODBLoader(LengthStream(LENGTHS), collate_mode="thread", **OPTIONS)
     loader.set_epoch(0)
     if state is not None:
@@ -90,7 +91,8 @@ def _resume_part(rank: int, world_size: int, k: int, state: dict | None):
 @pytest.mark.parametrize("new_world", [2, 3])
 def test_stream_resume_exactly_once(new_world: int) -> None:
     before = run_ranks(_resume_part, 2, 4, None, timeout=120)
-    after = run_ranks(_resume_part, new_world, -1, before[0][1], timeout=120)
+    pieces = [state for _, state in before]  # every rank's own piece
+    after = run_ranks(_resume_part, new_world, -1, pieces, timeout=120)
     emitted = [i for ids, _ in before + after for i in ids]
     assert sorted(emitted) == list(range(len(LENGTHS)))
 
