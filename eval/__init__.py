@@ -1,4 +1,15 @@
-"""Evaluation: validation loss and the lm-eval MMLU/MMMU runners.
+"""Evaluation: validation loss, MMLU through lm-eval, MMMU multiple-choice and
+generated-answer, on any checkpoint the train entry point writes.
 
-Nothing is implemented yet.
+One command per evaluator, each writing one result JSON (schema: ``result.schema.json``):
+
+    python -m eval.val_loss   held-out per-token loss (`eval.val_loss.validation_loss` is
+                              also called by the train entry point at the end of training)
+    python -m eval.mmlu       lm-eval ``mmlu`` (hub) or ``mmlu_local`` (local files)
+    python -m eval.mmmu_mc    MMMU multiple-choice by answer-letter log-likelihood
+    python -m eval.mmmu_gen   MMMU generated answers with lm-eval's extraction
+    python -m eval.make_fixtures   the small local task files in the real formats
+
+`eval.checkpoint.load_checkpoint` loads every checkpoint layout for all of them. See
+docs/evaluation.md.
 """

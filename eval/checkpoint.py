@@ -169,6 +169,7 @@ def load_checkpoint(
     # The tokenizer and processor files sit next to the weights (or in the base folder).
     files = source if _has_tokenizer(source) else (base or source)
     tokenizer = AutoTokenizer.from_pretrained(files)
+    _attach_chat_template(tokenizer, files)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(files)
     state = _trainer_state(state_dir)
     meta = CheckpointMeta(
@@ -186,3 +187,15 @@ def load_checkpoint(
 def _has_tokenizer(source: Path | str) -> bool:
     p = Path(source)
     return p.is_dir() and any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def _attach_chat_template(tokenizer, files: Path | str) -> None:
+    """Use the processor's ``chat_template.jinja`` / ``chat_template.json`` when the
+    tokenizer has no template (Qwen-VL checkpoints keep it with the processor)."""
+    if tokenizer.chat_template is not None or not Path(files).is_dir():
+        return
+    jinja, js = Path(files) / "chat_template.jinja", Path(files) / "chat_template.json"
+    if jinja.exists():
+        tokenizer.chat_template = jinja.read_text()
+    elif js.exists():
+        tokenizer.chat_template = json.loads(js.read_text())["chat_template"]
