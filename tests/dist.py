@@ -309,8 +309,11 @@ def run_torchrun(
     args: Sequence[str] = (),
     timeout: float = 120.0,
     env: Mapping[str, str] | None = None,
+    module: bool = False,
 ) -> tuple[int, str, str]:
     """Run ``script_path`` under ``torchrun --nproc_per_node world_size`` on a free port.
+
+    With ``module=True``, ``script_path`` is a module name run as ``torchrun -m``.
 
     Returns:
         ``(returncode, stdout, stderr)`` of the launcher.
@@ -334,6 +337,7 @@ def run_torchrun(
         "127.0.0.1",
         "--master_port",
         str(free_port()),
+        *(["-m"] if module else []),
         str(script_path),
         *args,
     ]

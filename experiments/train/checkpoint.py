@@ -1,0 +1,115 @@
+"""Checkpoints a run can resume from, and the exported model evaluation reads.
+
+Layout of one checkpoint folder (``<out_dir>/checkpoints/step_000040/`` or ``final/``)::
+
+    model/ or adapter/     save_pretrained of the full model, or of the LoRA adapter, with
+                           the tokenizer and image processor beside it (what eval loads)
+    trainer_state.json     run id, steps, epoch, counters, loss curve, schedule, config
+    optimizer.pt           DDP: the optimizer state (replicated, written by rank 0)
+    deepspeed/             DeepSpeed: its own collective checkpoint (partitioned states)
+    loader/rank{r}.pt      each rank's loader state piece
+    rng/rank{r}.pt         each rank's Python / numpy / torch RNG states
+    COMPLETE               written last, after every rank finished: only folders with it
+                           are resumed from, so a run killed mid-save resumes the one before
+
+Every rank calls `save` at the same optimizer step (the loaders keep every rank on the
+same step count), so the barrier inside is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["COMPLETE", "find_latest", "load_pieces", "load_rng", "save_checkpoint",
+           "write_model"]
+
+COMPLETE = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def write_model(folder: Path, model: torch.nn.Module, processor_files: list[Any]) -> Path:
+    """``model/`` (full) or ``adapter/`` (peft) with the tokenizer and image processor."""
+    is_adapter = hasattr(model, "peft_config")
+    target = folder / ("adapter" if is_adapter else "model")
+    model.save_pretrained(target)
+    for item in processor_files:
+        item.save_pretrained(target)
+    return target
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def load_rng(folder: Path, rank: int) -> None:
+    """Restore this rank's RNG states (a rank new to the run keeps its own)."""
+    path = folder / "rng" / f"rank{rank}.pt"
+    if not path.exists():
+        return
+    state = torch.load(path, weights_only=False)
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(folder: Path, *, rank: int, engine: Any, loader: Any,
+                    trainer_state: dict[str, Any], processor_files: list[Any]) -> None:
+    """Write one checkpoint; collective over the trainer's ranks."""
+    if rank == 0 and folder.exists():
+        shutil.rmtree(folder)  # a half-written folder from a killed run
+    _barrier()
+    for sub in ("loader", "rng"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    (folder / "loader" / f"rank{rank}.pt").write_bytes(pickle.dumps(loader.state_dict()))
+    torch.save(_rng_state(), folder / "rng" / f"rank{rank}.pt")
+    engine.save(folder, rank)
+    if rank == 0:
+        write_model(folder, engine.model, processor_files)
+        (folder / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
+    _barrier()
+    if rank == 0:
+        (folder / COMPLETE).write_text("")
+
+
+def load_pieces(folder: Path) -> list[dict[str, Any]]:
+    """Every saved rank's loader state piece, in rank order."""
+    paths = sorted((folder / "loader").glob("rank*.pt"), key=lambda p: int(p.stem[4:]))
+    if not paths:
+        raise FileNotFoundError(f"no loader state in {folder / 'loader'}")
+    return [pickle.loads(p.read_bytes()) for p in paths]
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / STATE_FILE).read_text())
+
+
+def find_latest(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint under ``out_dir/checkpoints``, or None."""
+    done = [p.parent for p in (out_dir / "checkpoints").glob(f"step_*/{COMPLETE}")]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def prune(out_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints (rank 0 only)."""
+    done = sorted((p.parent for p in (out_dir / "checkpoints").glob(f"step_*/{COMPLETE}")),
+                  key=lambda p: int(p.name.split("_")[1]))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

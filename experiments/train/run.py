@@ -1,0 +1,380 @@
+"""Train Qwen3-VL with one batching method; write checkpoints and one result JSON.
+
+    # CPU, 2 processes, tiny model on the UltraChat proxy (after `make reproduce` made
+    # results/data): about a minute
+    torchrun --nproc_per_node 2 -m experiments.train \\
+        --config experiments/configs/cpu_quick.yaml run.out_dir=results/train/quick
+
+    # one GPU node, 8 GPUs, Qwen3-VL-2B full fine-tuning with DeepSpeed ZeRO-2
+    torchrun --nproc_per_node 8 -m experiments.train \\
+        --config experiments/configs/scale/paper.yaml \\
+        --config experiments/configs/model/qwen3-vl-2b.yaml \\
+        --config experiments/configs/engine/deepspeed.yaml data.dataset=ultrachat ...
+
+    # Slurm, 2 nodes: one srun task per node, torchrun rendezvous on the first node
+    srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d \\
+        --rdzv_endpoint "$(scontrol show hostnames $SLURM_NODELIST | head -1):29500" \\
+        -m experiments.train --config ... --resume auto
+
+Reads top to bottom: configuration (every error before any process group exists) ->
+distributed set-up -> data, loader, model, engine -> resume -> train -> final save ->
+validation loss -> result JSON. ``--resume auto`` continues from the newest complete
+checkpoint under ``run.out_dir`` (a fresh start when there is none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from baselines import LengthCache, PackCollate, build_loader, needs_lengths
+from baselines.length_cache import build as build_length_cache
+from experiments.data.pipeline import PreprocessedDataset, collate
+from experiments.train import checkpoint as ckpt
+from experiments.train.config import ConfigError, TrainConfig, load_config
+from experiments.train.engine import make_engine
+from experiments.train.loop import Counters, TrainLoop
+from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
+from experiments.train.result import build_result, peak_memory, validate_result
+from experiments.train.schedule import ProgressSchedule
+
+log = logging.getLogger("experiments.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    nodes: int
+    device: torch.device
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.train", description=__doc__.splitlines()[0],
+        epilog="Overrides: section.key=value, e.g. method.name=gmt train.lr=2e-5")
+    parser.add_argument("--config", action="append", required=True,
+                        help="YAML layer (repeatable; later layers win)")
+    parser.add_argument("--resume", default="none",
+                        help="'auto' (newest complete checkpoint, else fresh), 'none', or a "
+                             "checkpoint folder")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    return parser.parse_args(argv)
+
+
+def _looks_local(value: str) -> bool:
+    return value.startswith(("/", ".", "~")) or value.count("/") >= 2 or value.endswith(
+        (".json", ".jsonl", ".parquet"))
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Refuse what would fail later, before any process group or worker exists."""
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    paths = {"data.source": cfg.data.source, "data.processor": cfg.data.processor}
+    if cfg.model.init == "pretrained":
+        paths["model.path"] = str(cfg.model.path)
+    for key, value in paths.items():
+        if Path(value).exists():
+            continue
+        if _looks_local(value):
+            raise ConfigError(f"{key}={value} does not exist; build it first (make reproduce "
+                              "writes results/data/) or point it at an existing path")
+        if offline:
+            raise ConfigError(f"{key}={value} is not a local path and HF_HUB_OFFLINE=1 forbids "
+                              "the hub; point it at a local copy")
+    if cfg.method.length_cache is not None and not Path(cfg.method.length_cache).exists():
+        raise ConfigError(f"method.length_cache={cfg.method.length_cache} does not exist; build "
+                          "it (python -m baselines.length_cache build ...) or leave it null to "
+                          "build it in this run")
+    oversize = cfg.method.odb.get("oversize", "singleton") if cfg.method.name == "odb" else ""
+    if oversize == "error" and cfg.data.cutoff_len > cfg.method.token_budget:
+        raise ConfigError(
+            f"method.odb.oversize=error with data.cutoff_len={cfg.data.cutoff_len} > "
+            f"method.token_budget={cfg.method.token_budget}: a sample up to the cutoff would "
+            "stop the run mid-epoch. Raise the budget to >= the cutoff, lower the cutoff, or "
+            "use oversize=singleton")
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def init_distributed(cfg: TrainConfig) -> Dist:
+    """Join torchrun's process group, or make a one-process group for a plain launch."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = torch.cuda.is_available()
+    backend = cfg.engine.backend if cfg.engine.backend != "auto" else ("nccl" if cuda else "gloo")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.engine.timeout_s))
+    world = dist.get_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return Dist(dist.get_rank(), world, local_rank, max(1, world // per_node), device)
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank {rank}] %(message)s", stream=sys.stderr)
+
+
+# ---------------------------------------------------------------- data and loader
+
+
+def build_datasets(cfg: TrainConfig) -> tuple[PreprocessedDataset, PreprocessedDataset | None]:
+    train = PreprocessedDataset(cfg.data)
+    val = None
+    if cfg.validation.enabled:
+        val = PreprocessedDataset(dataclasses.replace(cfg.data, holdout=True))
+    return train, val
+
+
+def _length_cache(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int, out_dir: Path,
+                  workers: int) -> tuple[LengthCache, dict[str, Any]]:
+    """Load the configured cache, or build one in this run (rank 0, timed)."""
+    built = cfg.method.length_cache is None
+    path = out_dir / "length_cache.json" if built else Path(cfg.method.length_cache)
+    if built and rank == 0:
+        log.info("building the length cache (one full preprocessing pass)")
+        build_length_cache(dataset, num_workers=workers, command="built by experiments.train"
+                           ).save(path)
+    dist.barrier()
+    cache = LengthCache.load(path, dataset)  # refuses a stale fingerprint
+    return cache, {"path": str(path), "build_seconds": cache.build_seconds, "built_in_run": built}
+
+
+def build_method_loader(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int,
+                        out_dir: Path) -> tuple[Any, dict[str, Any] | None]:
+    """The loader of ``cfg.method`` with this run's seed, accumulation and collate."""
+    options = cfg.method.loader_options(cfg.train.grad_accum_steps, cfg.run.seed,
+                                        cfg.data.cutoff_len)
+    if cfg.method.name == "packing":
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        collate_fn = PackCollate(mask_dtype=dtype,
+                                 block_mask=cfg.model.attn_implementation != "flash_attention_2")
+    else:
+        collate_fn = partial(collate, pad_token_id=dataset.tokenizer.pad_token_id)
+    lengths, cache_info = None, None
+    if needs_lengths(cfg.method.name):
+        lengths, cache_info = _length_cache(cfg, dataset, rank, out_dir, cfg.method.num_workers)
+    loader = build_loader(cfg.method.name, dataset, cfg.method.token_budget,
+                          collate_fn=collate_fn, lengths=lengths, **options)
+    return loader, cache_info
+
+
+# ---------------------------------------------------------------- model
+
+
+def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
+                          resume_from: Path | None):
+    """The model to train; under DDP a resumed run starts from the checkpoint's weights."""
+    model_cfg = cfg.model
+    if resume_from is not None and cfg.mode == "full" and cfg.engine.name == "ddp":
+        model_cfg = dataclasses.replace(model_cfg, init="pretrained",
+                                        path=str(resume_from / "model"))
+    model = build_model(model_cfg, tokenizer, cfg.run.seed, device)
+    if cfg.mode == "full":
+        set_trainable(model, cfg.model.train_vision)
+        return model
+    model.requires_grad_(False)
+    model = apply_lora(model, cfg.lora, cfg.model.train_vision)
+    if resume_from is not None and cfg.engine.name == "ddp":
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        set_peft_model_state_dict(model, load_peft_weights(str(resume_from / "adapter")))
+    return model
+
+
+# ---------------------------------------------------------------- resume
+
+
+def resolve_resume(option: str, out_dir: Path, rank: int) -> Path | None:
+    """The checkpoint to continue from (None: a fresh run, whose old checkpoints go)."""
+    if option == "none":
+        if rank == 0 and (out_dir / "checkpoints").exists():
+            log.info("fresh run: removing %s", out_dir / "checkpoints")
+            shutil.rmtree(out_dir / "checkpoints")
+        return None
+    if option == "auto":
+        return ckpt.find_latest(out_dir)
+    path = Path(option)
+    if not (path / ckpt.COMPLETE).exists():
+        raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
+                          f"{ckpt.COMPLETE} marker); use --resume auto")
+    return path
+
+
+def _trim_sample_log(path: Path, steps: int) -> None:
+    """Drop the rows of steps after the checkpoint (they will be run again)."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines()
+                if json.loads(line)["step"] <= steps]
+        path.write_text("".join(r + "\n" for r in rows))
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    preflight(cfg)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    d = init_distributed(cfg)
+    _setup_logging(d.rank)
+    out_dir = Path(cfg.run.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.run.seed + d.rank)
+    try:
+        return _train(cfg, args, d, out_dir, started)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, args: argparse.Namespace, d: Dist, out_dir: Path,
+           started: str) -> dict[str, Any] | None:
+    resume_from = resolve_resume(args.resume, out_dir, d.rank)
+    dist.barrier()  # rank 0 has cleared stale checkpoints of a fresh run
+    train_set, val_set = build_datasets(cfg)
+    processor_files = [train_set.tokenizer, train_set.image_processor]
+    loader, cache_info = build_method_loader(cfg, train_set, d.rank, out_dir)
+    model = build_trainable_model(cfg, train_set.tokenizer, d.device, resume_from)
+    params = parameter_counts(model)
+    engine = make_engine(model, cfg.engine, cfg.train, cfg.model.dtype == "bfloat16")
+    schedule = ProgressSchedule(engine.optimizer, cfg.train.lr, cfg.train.schedule,
+                                cfg.train.warmup_ratio, cfg.train.min_lr_ratio)
+    counters = Counters()
+    if resume_from is not None:
+        counters = _restore(resume_from, d, engine, schedule, loader, cfg, out_dir)
+    log.info("%s | %s | %s %s | %s | W=%d | %d of %d parameters trainable", cfg.run.name,
+             cfg.method.name, cfg.model.name, cfg.mode, cfg.engine.name, d.world_size,
+             params["trainable"], params["total"])
+
+    def save(c: Counters) -> None:
+        folder = out_dir / "checkpoints" / f"step_{c.optimizer_steps:06d}"
+        ckpt.save_checkpoint(folder, rank=d.rank, engine=engine, loader=loader,
+                             trainer_state=_state(cfg, c, schedule),
+                             processor_files=processor_files)
+        if d.rank == 0:
+            ckpt.prune(out_dir, cfg.run.keep_checkpoints)
+
+    sample_log = None
+    if cfg.run.record_sample_ids:
+        sample_log = (out_dir / f"samples_rank{d.rank}.jsonl").open("a")
+    bar = _progress_bar(d.rank, loader)
+    try:
+        counters = TrainLoop(
+            engine=engine, loader=loader, dataset=train_set, schedule=schedule,
+            counters=counters, epochs=cfg.train.epochs, grad_accum=cfg.train.grad_accum_steps,
+            max_steps=cfg.train.max_steps, log_every=cfg.run.log_every,
+            save_every=cfg.run.save_every, device=d.device, save=save,
+            sample_log=sample_log, progress_bar=bar).run()
+    finally:
+        if sample_log is not None:
+            sample_log.close()
+        if bar is not None:
+            bar.close()
+    padded = torch.tensor([counters.padded_tokens], dtype=torch.int64, device=d.device)
+    dist.all_reduce(padded)
+    _save_final(out_dir / "final", d.rank, engine.model, _state(cfg, counters, schedule),
+                processor_files)
+    validation = _validate(cfg, engine.model, val_set, d.device)
+    if d.rank != 0:
+        return None
+    result = build_result(
+        cfg=cfg, counters=counters, padded_tokens=int(padded.item()), world_size=d.world_size,
+        nodes=d.nodes, params=params, memory=peak_memory(), validation=validation,
+        length_cache=cache_info, loader_stats=loader.stats(), started=started,
+        finished=datetime.now(UTC).isoformat(timespec="seconds"))
+    validate_result(result)
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    log.info("done: %d samples in %.1f s = %.2f samples/s (padding efficiency %.3f); %s",
+             result["emitted_samples"], result["train_wall_s"],
+             result["throughput_samples_per_s"], result["padding_efficiency"],
+             out_dir / "result.json")
+    return result
+
+
+def _state(cfg: TrainConfig, counters: Counters, schedule: ProgressSchedule) -> dict[str, Any]:
+    return {"run_id": cfg.run.name, "global_step": counters.optimizer_steps,
+            "counters": counters.to_dict(), "schedule": schedule.state_dict(),
+            "config": cfg.to_dict()}
+
+
+def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loader: Any,
+             cfg: TrainConfig, out_dir: Path) -> Counters:
+    state = ckpt.read_state(folder)
+    saved = state["config"]
+    for section in ("method", "data"):
+        if saved[section] != cfg.to_dict()[section]:
+            raise ConfigError(f"--resume: the checkpoint {folder} was made with another "
+                              f"{section} section; resume with the same config")
+    engine.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
+    schedule.load_state_dict(state["schedule"])
+    pieces = ckpt.load_pieces(folder)
+    loader.load_state_dict(pieces[0])  # today every piece is the merged state of all ranks
+    ckpt.load_rng(folder, d.rank)
+    counters = Counters(**state["counters"])
+    if cfg.run.record_sample_ids:
+        _trim_sample_log(out_dir / f"samples_rank{d.rank}.jsonl", counters.loader_steps)
+    log.info("resumed from %s (optimizer step %d, epoch %d)", folder,
+             counters.optimizer_steps, counters.epoch)
+    return counters
+
+
+def _save_final(folder: Path, rank: int, model: torch.nn.Module, state: dict[str, Any],
+                processor_files: list[Any]) -> None:
+    if rank == 0:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        ckpt.write_model(folder, model, processor_files)
+        (folder / ckpt.STATE_FILE).write_text(json.dumps(state, indent=1))
+    dist.barrier()
+
+
+def _validate(cfg: TrainConfig, model: torch.nn.Module, val_set: Any,
+              device: torch.device) -> dict[str, Any] | None:
+    if val_set is None:
+        return None
+    from eval.val_loss import validation_loss
+
+    model.eval()
+    out = validation_loss(model, val_set, token_budget=cfg.validation.token_budget
+                          or cfg.method.token_budget, pad_token_id=val_set.tokenizer.pad_token_id,
+                          device=device)
+    model.train()
+    return out
+
+
+def _progress_bar(rank: int, loader: Any):
+    if rank != 0:
+        return None
+    from tqdm import tqdm
+
+    estimate = getattr(loader, "estimate_steps", lambda: None)()
+    # disable=None: a bar on a terminal; in log files the log lines show progress
+    return tqdm(total=estimate, unit="step", desc="train", mininterval=2.0, disable=None)

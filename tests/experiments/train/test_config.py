@@ -1,0 +1,76 @@
+"""The train config: every shipped layer loads; bad keys and values are named."""
+
+from pathlib import Path
+
+import pytest
+
+from experiments.train.config import ConfigError, TrainConfig, load_config, parse_override
+from tests.experiments.train.conftest import CONFIGS
+
+QUICK = CONFIGS / "cpu_quick.yaml"
+LAYERS = sorted(p for p in CONFIGS.rglob("*.yaml") if p != QUICK)
+
+
+def test_quick_config_loads() -> None:
+    cfg = load_config([QUICK])
+    assert (cfg.method.name, cfg.mode, cfg.engine.name) == ("odb", "full", "ddp")
+    assert cfg.data.holdout_samples == 32 and cfg.train.lr == 1e-3
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_shipped_layer_composes_with_the_quick_config(layer: Path) -> None:
+    cfg = load_config([QUICK, layer])
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg  # round trip through plain data
+
+
+def test_overrides_win_and_are_typed() -> None:
+    cfg = load_config([QUICK], ["method.name=standard", "train.lr=2e-5", "train.betas=[0.9, 0.95]",
+                                "method.num_workers=3", "method.baseline.batch_size=4"])
+    assert cfg.method.name == "standard" and cfg.train.lr == 2e-5
+    assert cfg.train.betas == (0.9, 0.95) and cfg.method.num_workers == 3
+    options = cfg.method.loader_options(2, 7, 1024)
+    assert options == {"batch_size": 4, "num_workers": 3, "grad_accum_steps": 2, "seed": 7,
+                       "cutoff_len": 1024}
+    assert parse_override("a.b=true") == {"a": {"b": True}}
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("method.nam=odb", "unknown key 'method.nam'"),
+    ("methods.name=odb", "unknown key 'methods'"),
+    ("method.name=fancy", r"method.name='fancy' is not allowed; choose one of"),
+    ("train.epochs=two", "train.epochs must be an integer"),
+    ("train.lr=fast", "train.lr must be a number"),
+    ("train.lr=0", "train.lr must be > 0"),
+    ("method.token_budget=0", "method.token_budget must be >= 1"),
+    ("data.dataset=coco", r"data.dataset='coco' is not allowed"),
+    ("data.cutoff_len=8", "data: cutoff_len must be >= 16"),
+    ("method.odb.seed=3", "method.odb.seed is set by run.seed"),
+    ("method.baseline.cutoff_len=3", "method.baseline.cutoff_len is set by data.cutoff_len"),
+    ("method.baseline.batch_size=2", "batch_size means nothing to odb"),
+    ("method.odb.polcy=paper", "unknown key 'method.odb.polcy'; ODBConfig fields"),
+    ("engine.zero_stage=3", "engine.zero_stage must be 0, 1 or 2"),
+    ("model.init=random", "model.init=random needs model.architecture"),
+    ("data.holdout_samples=0", "validation.enabled needs a held-out split"),
+    ("lora.target_modules=[]", "lora.target_modules must name at least one"),
+    ("broken", "must look like section.key=value"),
+])
+def test_bad_config_names_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config([QUICK], [override])
+
+
+def test_packing_refuses_multimodal_data() -> None:
+    with pytest.raises(ConfigError, match="packing is text-only"):
+        load_config([QUICK], ["method.name=packing", "data.dataset=llava"])
+
+
+def test_missing_required_key_and_include_cycle(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("include: [b.yaml]\n")
+    (tmp_path / "b.yaml").write_text("include: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="include cycle"):
+        load_config([tmp_path / "a.yaml"])
+    (tmp_path / "c.yaml").write_text("model: {path: m}\n")
+    with pytest.raises(ConfigError, match="missing key 'run'"):
+        load_config([tmp_path / "c.yaml"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config([tmp_path / "nope.yaml"])
