@@ -16,10 +16,14 @@ from odb.budget import CostModel, TokenBudget
 Policy = Literal["balanced", "paper"]
 CollateMode = Literal["process", "thread"]
 OversizeRule = Literal["singleton", "error"]
+Shard = Literal["auto", "odb", "rank", "worker", "rank_worker"]
+StartMethod = Literal["fork", "spawn", "forkserver"]
 
 POLICIES: tuple[str, ...] = ("balanced", "paper")
 COLLATE_MODES: tuple[str, ...] = ("process", "thread")
 OVERSIZE_RULES: tuple[str, ...] = ("singleton", "error")
+SHARD_CHOICES: tuple[str, ...] = ("auto", "odb", "rank", "worker", "rank_worker")
+START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:
@@ -80,6 +84,23 @@ class ODBConfig:
         init_timeout_s: Longest wait for the alignment group's rendezvous.
         rendezvous_host: Address of rank 0 that peers can reach; None means rank 0's
             host name.
+        shard: Who decides which samples a rank reads. ``"odb"``: every rank holds the
+            same dataset (or global sampler) and ODB deals it. ``"rank"``: each rank's
+            dataset or sampler is already its own (pre-sharded data, a
+            ``DistributedSampler``); a stream is still split over workers by ODB.
+            ``"worker"`` / ``"rank_worker"`` (streams): the stream splits itself over
+            DataLoader workers / over ranks and workers. ``"auto"``: what the data
+            declares, else ``"odb"`` for a map-style dataset without a sampler (sizes
+            and orders are compared across ranks), else an error that asks.
+        worker_start_method: How DataLoader workers start (``multiprocessing_context``);
+            None: forked from a collate process where the platform can, else the
+            trainer's start method.
+        worker_timeout_s: DataLoader ``timeout`` for one sample from a worker; 0: none
+            (the alignment timeouts still bound a stuck worker with more than one rank).
+        pin_memory: Copy each batch into page-locked memory in the trainer before it is
+            yielded (DataLoader semantics; a warning and no pinning without CUDA).
+        start_timeout_s: Longest wait for a collate process to start and take its
+            work (the start-up handshake); past it the loader raises instead of hanging.
 
     Example:
         >>> ODBConfig(token_budget=8192, policy="balanced").token_budget
@@ -109,6 +130,11 @@ class ODBConfig:
     align_timeout_s: float = 1800.0
     init_timeout_s: float = 300.0
     rendezvous_host: str | None = None
+    shard: Shard = "auto"
+    worker_start_method: StartMethod | None = None
+    worker_timeout_s: float = 0.0
+    pin_memory: bool = False
+    start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         _check_int("token_budget", self.token_budget, 1)
@@ -116,7 +142,19 @@ class ODBConfig:
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("collate_mode", self.collate_mode, COLLATE_MODES)
         _check_choice("oversize", self.oversize, OVERSIZE_RULES)
-        for name in ("join", "shuffle", "shift_labels"):
+        _check_choice("shard", self.shard, SHARD_CHOICES)
+        if self.worker_start_method is not None:
+            _check_choice("worker_start_method", self.worker_start_method, START_METHODS)
+        if (
+            isinstance(self.worker_timeout_s, bool)
+            or not isinstance(self.worker_timeout_s, (int, float))
+            or not self.worker_timeout_s >= 0
+        ):
+            raise ValueError(
+                f"worker_timeout_s must be a number of seconds >= 0, got {self.worker_timeout_s!r}"
+            )
+        _check_positive_seconds("start_timeout_s", self.start_timeout_s)
+        for name in ("join", "shuffle", "shift_labels", "pin_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_int("grad_accum_steps", self.grad_accum_steps, 1)

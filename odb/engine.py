@@ -30,6 +30,7 @@ from odb.config import ODBConfig
 from odb.loss import WindowNormalizer, count_loss_tokens
 from odb.metrics import EpochMetrics
 from odb.rounds import RankRounds
+from odb.sharding import check_meet
 from odb.step_info import STEP_INFO_KEY, StepInfo
 
 LengthFn = Callable[[Any], int]
@@ -93,6 +94,9 @@ class EpochJob:
     view: list[int] | None
     skip: frozenset[int] = frozenset()
     carried: list[tuple[int, Any]] = field(default_factory=list)
+    shard: str = "odb"
+    # This rank's row of the epoch's cross-rank source check (odb.sharding.meet_row).
+    meet: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +134,12 @@ def run_epoch(
     """
     cfg = job.config
     stream = job.view is None
+    # Before any sample is read: every rank checks that the ranks agree on their source
+    # (same sharding; with ODB dealing, the same dataset size and epoch order), so a
+    # mismatch that would lose samples is an error on every rank, not a silent loss.
+    rows = group.gather_meet(job.meet) if job.meet else []
+    epoch_samples = check_meet(rows) if rows else None
+    epoch_samples = epoch_samples if epoch_samples is not None else 0
     rounds = RankRounds(cfg, None if stream else len(job.view))
     windows = WindowNormalizer(cfg.grad_accum_steps, job.world_size)
     metrics = EpochMetrics()
@@ -178,6 +188,7 @@ def run_epoch(
                 global_real_tokens=totals[3 * i + 2],
                 epoch_read_samples=read_samples,
                 epoch_read_tokens=read_tokens,
+                epoch_samples=epoch_samples,
             )
             for item, window_tokens, normalizer in windows.push(
                 (batch, info), info.global_loss_tokens

@@ -83,28 +83,37 @@ class LoaderState:
     epoch_done: bool = False
     carry_next: tuple[int, ...] = field(default=())
 
-    def remaining(self) -> list[int]:
-        """Indices still owed this epoch, carried ones first, then in epoch order."""
+    def remaining(self, order: Sequence[int] | None = None) -> list[int]:
+        """Indices still owed this epoch, carried ones first, then in epoch order.
+
+        Args:
+            order: The epoch's full order when a sampler decides it; default the seeded
+                order of ``num_samples``. The owed samples are the order's multiset minus
+                what was consumed, so a sampler that yields the same multiset again
+                (any permutation sampler, seeded or not) resumes exactly once; one that
+                draws with replacement resumes with a fresh draw of the right size.
+        """
         if self.num_samples is None:
             raise ValueError("a stream has no epoch order to re-deal; use skip_set()")
+        if order is None:
+            order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
         owed = Counter(self.consumed)
         out = []
-        for index in list(self.carry_in) + epoch_order(
-            self.num_samples, self.seed, self.epoch, self.shuffle
-        ):
+        for index in list(self.carry_in) + list(order):
             if owed[index]:
                 owed[index] -= 1
             else:
                 out.append(index)
-        return out
+        quota = len(self.carry_in) + len(order) - len(self.consumed)
+        return out[: max(quota, 0)]
 
     def skip_set(self) -> frozenset[int]:
         """Stream positions already consumed this epoch (passed over on resume)."""
         return frozenset(self.consumed)
 
-    def view_for(self, rank: int, world_size: int) -> list[int]:
+    def view_for(self, rank: int, world_size: int, order: Sequence[int] | None = None) -> list[int]:
         """This rank's share of what is still owed (re-sharded for ``world_size``)."""
-        return self.remaining()[rank::world_size]
+        return self.remaining(order)[rank::world_size]
 
     def share(self, rank: int, world_size: int) -> LoaderState:
         """Rank ``rank``'s part of this state, so that the parts of all ranks merge back.

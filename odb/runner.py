@@ -88,6 +88,7 @@ class CollateSpec:
     dataset: Any
     collate_fn: Callable[[list[Any]], Any]
     meter: SampleMeter
+    worker_init_fn: Callable[[int], None] | None = None
 
 
 class RemoteTraceback(Exception):
@@ -188,7 +189,16 @@ def collate_main(
         # sockets: a dead collate process then closes its connections at once.
         known = set(multiprocessing.active_children())
         samples = _beating(
-            open_samples(spec.dataset, job.config, job.rank, job.world_size, job.view, job.skip),
+            open_samples(
+                spec.dataset,
+                job.config,
+                job.rank,
+                job.world_size,
+                job.view,
+                job.skip,
+                job.shard,
+                spec.worker_init_fn,
+            ),
             heartbeat,
             job,
         )

@@ -51,12 +51,25 @@ class ViewDataset(Dataset):
 
 
 class StreamShard(IterableDataset):
-    """This rank's (and this worker's) positions of a stream, as ``(position, item)``."""
+    """This rank's (and this worker's) items of a stream, as ``(identity, item)``.
 
-    def __init__(self, dataset: Any, rank: int, world_size: int, skip: frozenset[int]) -> None:
+    ``shard`` says who splits the stream (``odb.sharding``). Where ODB splits over
+    workers (``"odb"``, ``"rank"``) every worker iterates the same stream and the identity
+    is the position ``p`` in it; worker ``w`` of ``K`` keeps its share of the positions
+    this rank keeps. Where the stream splits itself over workers (``"worker"``,
+    ``"rank_worker"``) each worker sees its own sub-stream: the identity of its ``j``-th
+    item is ``j * K + w``. Where ODB splits over ranks (``"odb"``, ``"worker"``) rank
+    ``r`` of ``W`` keeps the items whose position (in its worker's stream) is ``r`` mod
+    ``W``. Identities in ``skip`` (consumed before a resume) are passed over.
+    """
+
+    def __init__(
+        self, dataset: Any, rank: int, world_size: int, skip: frozenset[int], shard: str = "odb"
+    ) -> None:
         self.dataset = dataset
-        self.rank = rank
-        self.world_size = world_size
+        self.rank = rank if shard in ("odb", "worker") else 0
+        self.world_size = world_size if shard in ("odb", "worker") else 1
+        self.split_workers = shard in ("odb", "rank")
         self.skip = skip
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
@@ -65,9 +78,14 @@ class StreamShard(IterableDataset):
         for position, item in enumerate(self.dataset):
             if position % self.world_size != self.rank:
                 continue
-            if (position // self.world_size) % workers != worker_id or position in self.skip:
-                continue
-            yield position, item
+            if self.split_workers:
+                if (position // self.world_size) % workers != worker_id:
+                    continue
+                identity = position
+            else:
+                identity = position * workers + worker_id
+            if identity not in self.skip:
+                yield identity, item
 
 
 # A storage up to this size travels from a worker inside the pickled item; a larger one
@@ -191,10 +209,14 @@ def open_samples(
     world_size: int,
     view: list[int] | None,
     skip: frozenset[int],
+    shard: str = "odb",
+    worker_init_fn: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Iterate this rank's ``(index, sample)`` pairs through DataLoader workers."""
     source = (
-        StreamShard(dataset, rank, world_size, skip) if view is None else ViewDataset(dataset, view)
+        StreamShard(dataset, rank, world_size, skip, shard)
+        if view is None
+        else ViewDataset(dataset, view)
     )
     loader = DataLoader(
         source,
@@ -204,6 +226,8 @@ def open_samples(
         prefetch_factor=config.prefetch_factor,
         collate_fn=WorkerPickle(inline=config.collate_mode == "process"),
         multiprocessing_context=_worker_context(config),
+        worker_init_fn=worker_init_fn,
+        timeout=config.worker_timeout_s if config.num_workers else 0,
     )
     return iter(loader)
 
@@ -217,11 +241,11 @@ def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
     before it builds the alignment group, so no Gloo thread or socket is forked. In thread
     mode the workers fork from the trainer process, whose start method stays the user's.
     """
-    if (
-        config.collate_mode != "process"
-        or config.num_workers == 0
-        or "fork" not in mp.get_all_start_methods()
-    ):
+    if config.num_workers == 0:
+        return None
+    if config.worker_start_method is not None:
+        return mp.get_context(config.worker_start_method)
+    if config.collate_mode != "process" or "fork" not in mp.get_all_start_methods():
         return None
     return mp.get_context("fork")
 

@@ -43,6 +43,8 @@ class StepInfo:
             was planned (a random prefix of the shuffled views: used to estimate the
             epoch's total tokens).
         epoch_read_tokens: Their tokens.
+        epoch_samples: Samples of the whole epoch over all ranks (0 when unknown: a
+            stream, or a single rank, whose loader knows it itself).
     """
 
     epoch: int
@@ -61,6 +63,7 @@ class StepInfo:
     global_real_tokens: int = 0
     epoch_read_samples: int = 0
     epoch_read_tokens: int = 0
+    epoch_samples: int = 0
 
 
 def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:

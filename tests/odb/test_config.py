@@ -32,6 +32,11 @@ BAD = [
     (dict(policy=None), ValueError, ["policy", "None"]),
     (dict(collate_mode="fork"), ValueError, ["collate_mode", "'fork'"]),
     (dict(oversize="drop"), ValueError, ["oversize", "'drop'"]),
+    (dict(shard="node"), ValueError, ["shard", "'node'"]),
+    (dict(worker_start_method="thread"), ValueError, ["worker_start_method", "'thread'"]),
+    (dict(worker_timeout_s=-1), ValueError, ["worker_timeout_s", "-1"]),
+    (dict(pin_memory="yes"), TypeError, ["pin_memory", "'yes'"]),
+    (dict(start_timeout_s=0), ValueError, ["start_timeout_s", "0"]),
     (dict(join="yes"), TypeError, ["join", "'yes'"]),
     (dict(join=1), TypeError, ["join", "1"]),
     (dict(shuffle=None), TypeError, ["shuffle", "None"]),
@@ -69,8 +74,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(
-    "overrides, exc, fragments", BAD, ids=[" ".join(f"{k}={v!r}" for k, v in o.items())
-                                         for o, _, _ in BAD]
+    "overrides, exc, fragments",
+    BAD,
+    ids=[" ".join(f"{k}={v!r}" for k, v in o.items()) for o, _, _ in BAD],
 )
 def test_bad_settings_fail_at_construction(overrides, exc, fragments):
     kwargs = dict(token_budget=64) | overrides
@@ -93,17 +99,37 @@ def test_every_validated_field_is_covered():
 def test_defaults_and_derived_values():
     cfg = ODBConfig(token_budget=8192)
     assert (cfg.policy, cfg.join, cfg.grad_accum_steps, cfg.collate_mode) == (
-        "balanced", True, 1, "process")
+        "balanced",
+        True,
+        1,
+        "process",
+    )
     assert cfg.budget == TokenBudget(8192, "padded", None)
     assert cfg.window_tokens == cfg.window_budgets * 8192
 
 
 def test_valid_edge_values_are_accepted():
-    cfg = ODBConfig(token_budget=1, cost_model="packed", max_patches=1, policy="paper",
-                    join=False, grad_accum_steps=1, seed=0, num_workers=1, prefetch_factor=1,
-                    window_budgets=1, buffer_size=1, queue_depth=1, age_limit=1,
-                    oversize="error", ignore_index=-(2**62), align_timeout_s=1e-3,
-                    init_timeout_s=math.inf, collate_mode="thread", rendezvous_host="node0")
+    cfg = ODBConfig(
+        token_budget=1,
+        cost_model="packed",
+        max_patches=1,
+        policy="paper",
+        join=False,
+        grad_accum_steps=1,
+        seed=0,
+        num_workers=1,
+        prefetch_factor=1,
+        window_budgets=1,
+        buffer_size=1,
+        queue_depth=1,
+        age_limit=1,
+        oversize="error",
+        ignore_index=-(2**62),
+        align_timeout_s=1e-3,
+        init_timeout_s=math.inf,
+        collate_mode="thread",
+        rendezvous_host="node0",
+    )
     assert cfg.budget == TokenBudget(1, "packed", 1)
     assert ODBConfig(token_budget=64, align_timeout_s=5).align_timeout_s == 5
 
