@@ -8,7 +8,8 @@ Layout of one checkpoint folder (``<out_dir>/checkpoints/step_000040/`` or ``fin
     optimizer.pt           DDP: the optimizer state (replicated, written by rank 0)
     deepspeed/             DeepSpeed: its own collective checkpoint (partitioned states)
     loader/rank{r}.pt      each rank's loader state piece
-    rng/rank{r}.pt         each rank's Python / numpy / torch RNG states
+    ranks/rank{r}.pt       each rank's Python / numpy / torch RNG states and its own
+                           counters (padded tokens, IDLE steps, data wait)
     COMPLETE               written last, after every rank finished: only folders with it
                            are resumed from, so a run killed mid-save resumes the one before
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["COMPLETE", "find_latest", "load_pieces", "load_rng", "save_checkpoint",
+__all__ = ["COMPLETE", "find_latest", "load_pieces", "load_rank_state", "save_checkpoint",
            "write_model"]
 
 COMPLETE = "COMPLETE"
@@ -57,29 +58,40 @@ def _rng_state() -> dict[str, Any]:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def load_rng(folder: Path, rank: int) -> None:
-    """Restore this rank's RNG states (a rank new to the run keeps its own)."""
-    path = folder / "rng" / f"rank{rank}.pt"
+def load_rank_state(folder: Path, rank: int) -> dict[str, Any]:
+    """Restore this rank's RNG states; return its own counters.
+
+    A rank new to the run (resumed at a larger world size) keeps its RNG and starts its
+    counters at zero; the counters of ranks that are gone are not carried over.
+    """
+    path = folder / "ranks" / f"rank{rank}.pt"
     if not path.exists():
-        return
-    state = torch.load(path, weights_only=False)
+        return {}
+    saved = torch.load(path, weights_only=False)
+    state = saved["rng"]
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    return saved["local"]
 
 
 def save_checkpoint(folder: Path, *, rank: int, engine: Any, loader: Any,
-                    trainer_state: dict[str, Any], processor_files: list[Any]) -> None:
-    """Write one checkpoint; collective over the trainer's ranks."""
+                    trainer_state: dict[str, Any], local: dict[str, Any],
+                    processor_files: list[Any]) -> None:
+    """Write one checkpoint; collective over the trainer's ranks.
+
+    ``trainer_state`` is rank 0's (global counters, schedule, config); ``local`` holds
+    each rank's own counters.
+    """
     if rank == 0 and folder.exists():
         shutil.rmtree(folder)  # a half-written folder from a killed run
     _barrier()
-    for sub in ("loader", "rng"):
+    for sub in ("loader", "ranks"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "loader" / f"rank{rank}.pt").write_bytes(pickle.dumps(loader.state_dict()))
-    torch.save(_rng_state(), folder / "rng" / f"rank{rank}.pt")
+    torch.save({"rng": _rng_state(), "local": local}, folder / "ranks" / f"rank{rank}.pt")
     engine.save(folder, rank)
     if rank == 0:
         write_model(folder, engine.model, processor_files)

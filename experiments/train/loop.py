@@ -33,7 +33,8 @@ class Counters:
     """What a run has done so far; saved in checkpoints, summed over resumed segments.
 
     ``samples`` and ``real_tokens`` are global (all ranks, from the step info);
-    ``padded_tokens`` and ``data_wait_s`` are this rank's until `finish` sums them.
+    ``padded_tokens``, ``idle_steps`` and ``data_wait_s`` are this rank's (the run sums
+    the first two over the ranks at the end).
     """
 
     epoch: int = 0
@@ -50,6 +51,17 @@ class Counters:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def local(self) -> dict[str, Any]:
+        """This rank's own counters (saved per rank)."""
+        return {name: getattr(self, name) for name in LOCAL_COUNTERS}
+
+    def with_local(self, local: dict[str, Any]) -> Counters:
+        """These counters with this rank's own values (zero when none were saved)."""
+        return Counters(**{**self.to_dict(), **dict.fromkeys(LOCAL_COUNTERS, 0), **local})
+
+
+LOCAL_COUNTERS = ("padded_tokens", "idle_steps", "data_wait_s")
 
 
 @dataclass

@@ -62,12 +62,17 @@ def peak_memory() -> dict[str, int | None]:
     return {"rss_bytes": rss, "gpu_bytes": gpu}
 
 
-def build_result(*, cfg: Any, counters: Any, padded_tokens: int, world_size: int,
+def build_result(*, cfg: Any, counters: Any, world_size: int,
                  nodes: int, params: dict[str, int], memory: dict[str, int | None],
                  validation: dict[str, Any] | None, length_cache: dict[str, Any] | None,
                  loader_stats: dict[str, Any], started: str, finished: str) -> dict[str, Any]:
-    """Assemble the result record of a finished run (rank 0)."""
+    """Assemble the result record of a finished run (rank 0).
+
+    ``counters`` hold global values: ``padded_tokens`` and ``idle_steps`` (rank-steps)
+    already summed over the ranks.
+    """
     wall = max(counters.train_wall_s, 1e-9)
+    padded_tokens = counters.padded_tokens
     curve = counters.loss_curve
     return {
         "schema": SCHEMA_ID,
@@ -94,7 +99,7 @@ def build_result(*, cfg: Any, counters: Any, padded_tokens: int, world_size: int
         "steps": counters.loader_steps,
         "optimizer_steps": counters.optimizer_steps,
         "idle_steps": counters.idle_steps,
-        "idle_fraction": counters.idle_steps / max(counters.loader_steps, 1),
+        "idle_fraction": counters.idle_steps / max(counters.loader_steps * world_size, 1),
         "data_wait_s": round(counters.data_wait_s, 4),
         "segments": counters.segments,
         "peak_memory": memory,

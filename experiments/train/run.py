@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="'auto' (newest complete checkpoint, else fresh), 'none', or a "
                              "checkpoint folder")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before or after flags
 
 
 def _looks_local(value: str) -> bool:
@@ -276,7 +276,7 @@ def _train(cfg: TrainConfig, args: argparse.Namespace, d: Dist, out_dir: Path,
     def save(c: Counters) -> None:
         folder = out_dir / "checkpoints" / f"step_{c.optimizer_steps:06d}"
         ckpt.save_checkpoint(folder, rank=d.rank, engine=engine, loader=loader,
-                             trainer_state=_state(cfg, c, schedule),
+                             trainer_state=_state(cfg, c, schedule), local=c.local(),
                              processor_files=processor_files)
         if d.rank == 0:
             ckpt.prune(out_dir, cfg.run.keep_checkpoints)
@@ -297,15 +297,19 @@ def _train(cfg: TrainConfig, args: argparse.Namespace, d: Dist, out_dir: Path,
             sample_log.close()
         if bar is not None:
             bar.close()
-    padded = torch.tensor([counters.padded_tokens], dtype=torch.int64, device=d.device)
-    dist.all_reduce(padded)
+    # Per-rank counters summed once at the end (the step info carries only global samples
+    # and tokens): padded tokens, and IDLE steps as rank-steps.
+    totals = torch.tensor([counters.padded_tokens, counters.idle_steps], dtype=torch.int64,
+                          device=d.device)
+    dist.all_reduce(totals)
+    counters.padded_tokens, counters.idle_steps = (int(v) for v in totals.tolist())
     _save_final(out_dir / "final", d.rank, engine.model, _state(cfg, counters, schedule),
                 processor_files)
     validation = _validate(cfg, engine.model, val_set, d.device)
     if d.rank != 0:
         return None
     result = build_result(
-        cfg=cfg, counters=counters, padded_tokens=int(padded.item()), world_size=d.world_size,
+        cfg=cfg, counters=counters, world_size=d.world_size,
         nodes=d.nodes, params=params, memory=peak_memory(), validation=validation,
         length_cache=cache_info, loader_stats=loader.stats(), started=started,
         finished=datetime.now(UTC).isoformat(timespec="seconds"))
@@ -334,10 +338,8 @@ def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loa
                               f"{section} section; resume with the same config")
     engine.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
     schedule.load_state_dict(state["schedule"])
-    pieces = ckpt.load_pieces(folder)
-    loader.load_state_dict(pieces[0])  # today every piece is the merged state of all ranks
-    ckpt.load_rng(folder, d.rank)
-    counters = Counters(**state["counters"])
+    loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged
+    counters = Counters(**state["counters"]).with_local(ckpt.load_rank_state(folder, d.rank))
     if cfg.run.record_sample_ids:
         _trim_sample_log(out_dir / f"samples_rank{d.rank}.jsonl", counters.loader_steps)
     log.info("resumed from %s (optimizer step %d, epoch %d)", folder,

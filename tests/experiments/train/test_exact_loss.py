@@ -1,0 +1,74 @@
+"""Through the real entry point at W=2, the first optimizer step's gradient equals one
+process's gradient of the per-token mean loss over the same samples (SPEC 2.4).
+
+Three samples over two ranks with one sample per step and grad_accum_steps=2: one rank
+runs two real micro-steps, the other one real step and one IDLE step, in the same
+window. Plain SGD with lr=1 and no clipping makes the update the gradient itself:
+``grad = theta_0 - theta_1``, read from the saved final model.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.data.pipeline import collate
+from experiments.train.model import set_trainable
+from tests.experiments.train.test_run import train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+EXACT = ("data.max_samples=3", "data.holdout_samples=0", "train.grad_accum_steps=2",
+         "train.optimizer=sgd", "train.lr=1.0", "train.schedule=constant",
+         "train.warmup_ratio=0.0", "train.max_grad_norm=0.0", "train.max_steps=1",
+         "run.record_sample_ids=true", "method.token_budget=1024")
+
+
+def _load(path: Path):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+
+
+def _first_window(out: Path) -> tuple[list[int], int]:
+    ids, idle = [], 0
+    for rank in (0, 1):
+        for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            assert row["step"] <= 2, "max_steps=1 with grad_accum 2: two micro-steps per rank"
+            ids += row["ids"]
+            idle += row["idle"]
+    return sorted(ids), idle
+
+
+def _reference_grads(model_dir: Path, samples: list[dict], pad_id: int) -> dict:
+    model = _load(model_dir)
+    set_trainable(model, train_vision=False)
+    tokens = sum(int((s["labels"][1:] != -100).sum()) for s in samples)
+    for sample in samples:  # one process, the per-token mean over the union
+        model(**collate([sample], pad_id), num_items_in_batch=tokens).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("method", ["odb", "standard"])
+def test_first_step_gradient_is_the_global_per_token_mean(
+        method: str, base_config: Path, tiny_model_dir: Path, ultrachat_train, tmp_path: Path
+) -> None:
+    lengths = [ultrachat_train.length(i) for i in range(3)]
+    assert min(lengths) + max(lengths) > 1024, "premise: every group is a single sample"
+    extra = ("method.baseline.batch_size=1",) if method == "standard" else ()
+    result = train(base_config, tmp_path, f"method/{method}.yaml", overrides=EXACT + extra)
+    assert (result["steps"], result["idle_steps"], result["emitted_samples"]) == (2, 1, 3)
+    ids, idle = _first_window(tmp_path)
+    assert (ids, idle) == ([0, 1, 2], 1)
+
+    reference = _reference_grads(tiny_model_dir, [ultrachat_train[i] for i in ids],
+                                 ultrachat_train.tokenizer.pad_token_id)
+    before = dict(_load(tiny_model_dir).named_parameters())
+    after = dict(_load(tmp_path / "final" / "model").named_parameters())
+    diff = torch.cat([(before[n] - after[n]).flatten() for n in reference]).double()
+    ref = torch.cat([g.flatten() for g in reference.values()]).double()
+    assert torch.linalg.norm(diff - ref) / torch.linalg.norm(ref) < 1e-5
+    frozen = [n for n in before if n not in reference]
+    assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)

@@ -1,0 +1,73 @@
+"""Kill-and-resume through the real entry point: SIGKILL the whole torchrun group after
+a checkpoint, resume with ``--resume auto``, and every training sample of the epoch is
+seen exactly once, with the step count of an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.dist import free_port, kill_tree
+from tests.experiments.train.conftest import CONFIGS, ENV
+from tests.experiments.train.test_run import train
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+# 64 training samples, 2 per rank and step at W=2 (budget 2048 // cutoff 1024): Standard's
+# epoch is 16 steps whether or not it is interrupted.
+RESUMABLE = ("data.max_samples=72", "train.max_steps=0", "run.save_every=4",
+             "run.record_sample_ids=true")
+STANDARD_STEPS = 16
+KILL_AFTER = 4
+
+
+def _start(base: Path, out: Path, method: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+           str(free_port()), "-m", "experiments.train", "--config", str(base), "--config",
+           str(CONFIGS / "method" / f"{method}.yaml"), f"run.out_dir={out}", *RESUMABLE]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **ENV}, start_new_session=True)
+
+
+def _kill_after_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 180) -> None:
+    marker = out / "checkpoints" / f"step_{KILL_AFTER:06d}" / "COMPLETE"
+    deadline = time.monotonic() + timeout
+    try:
+        while not marker.exists():
+            assert proc.poll() is None, f"run ended before its checkpoint: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        kill_tree([proc.pid], groups=[proc.pid])
+    assert not (out / "result.json").exists(), "the run finished before it was killed"
+
+
+def _emitted(out: Path) -> list[int]:
+    ids = []
+    for rank in (0, 1):
+        for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
+            ids += json.loads(line)["ids"]
+    return sorted(ids)
+
+
+@pytest.mark.parametrize("method", ["standard", "odb"])
+def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
+                                             tmp_path: Path) -> None:
+    _kill_after_checkpoint(_start(base_config, tmp_path, method), tmp_path)
+    result = train(base_config, tmp_path, f"method/{method}.yaml",
+                   overrides=("--resume", "auto", *RESUMABLE))
+    assert result["segments"] == 2
+    assert _emitted(tmp_path) == list(range(64)), "a sample lost or seen twice"
+    assert result["emitted_samples"] == 64
+    if method == "standard":
+        assert result["steps"] == STANDARD_STEPS
+    curve = [p["step"] for p in result["loss_curve"]]
+    assert curve == list(range(1, result["optimizer_steps"] + 1))
