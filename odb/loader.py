@@ -36,6 +36,7 @@ from odb.resume import LoaderState, StatePiece, check_pieces, merge_pieces, pars
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
 from odb.sources import is_stream
+from odb.startup import main_guard_error, unguarded_main_line
 from odb.step_info import STEP_INFO_KEY, StepInfo
 
 
@@ -109,6 +110,9 @@ class ODBLoader:
                 stacklevel=2,
             )
         if self.config.collate_mode == "process":
+            unguarded = unguarded_main_line()
+            if unguarded is not None:  # fail before any collective, not in the first epoch
+                raise main_guard_error(unguarded)
             _check_picklable(self._spec)
         self._rendezvous, self._store_host = open_rendezvous(
             self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s

@@ -55,6 +55,7 @@ from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 from odb.handoff import SlabReader, SlabWriter
 from odb.sources import idle_template, open_samples
+from odb.startup import main_guard_error, send_boot, unguarded_main_line
 
 # How often the trainer re-checks a silent collate side, and the collate side re-checks
 # a full queue for a trainer that stopped listening.
@@ -321,10 +322,8 @@ def _unpack_error(packed: tuple[bytes | None, str, str], where: str) -> BaseExce
 
 
 def _process_entry(
-    spec: CollateSpec,
-    job: EpochJob,
-    rendezvous: Rendezvous | None,
-    prefix: str,
+    boot: Connection,
+    ready: Any,
     out: Any,
     stop: Any,
     parent_pid: int,
@@ -340,6 +339,10 @@ def _process_entry(
     # otherwise defaults to spawn, whatever the trainer uses).
     multiprocessing.set_start_method(start_method, force=True)
     threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    # The handshake (odb/startup.py): the user's parts arrive after the start.
+    spec, job, rendezvous, prefix = pickle.loads(boot.recv_bytes())
+    boot.close()
+    ready.set()
     encoder = SlabWriter(returns, slots)
     collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder)
     # Stay alive until the trainer has taken everything: new slabs (and batches too big
@@ -411,20 +414,25 @@ class CollateRunner:
         self._last_beat = -1
         self._last_progress = time.monotonic()
         self._slabs: SlabReader | None = None
+        self._started_at = time.monotonic()
+        self._start_timeout_s = cfg.start_timeout_s
         if self._process:
+            unguarded = unguarded_main_line()
+            if unguarded is not None:
+                raise main_guard_error(unguarded)
             ctx = mp.get_context("spawn")
             self._queue: Any = ctx.Queue(maxsize=cfg.queue_depth)
             self._stop: Any = ctx.Event()
+            self._ready: Any = ctx.Event()
             returns, self._returns = ctx.Pipe(duplex=False)
+            boot_in, boot_out = ctx.Pipe(duplex=False)
             slots = cfg.queue_depth + 2
             self._worker: Any = ctx.Process(
                 target=_process_entry,
                 name=f"odb-collate-rank{job.rank}",
                 args=(
-                    spec,
-                    job,
-                    rendezvous,
-                    prefix,
+                    boot_in,
+                    self._ready,
                     self._queue,
                     self._stop,
                     os.getpid(),
@@ -447,6 +455,8 @@ class CollateRunner:
         self._worker.start()
         if self._process:
             returns.close()  # the collate process holds its own end
+            boot_in.close()
+            send_boot(boot_out, (spec, job, rendezvous, prefix))
         _LIVE_RUNNERS.add(self)
 
     def qsize(self) -> int:
@@ -470,6 +480,7 @@ class CollateRunner:
             except queue.Empty:
                 if not self._worker.is_alive():
                     return self._died()
+                self._check_started()
                 self._check_progress(waiting_since)
                 continue
             return self._handle(message)
@@ -503,6 +514,24 @@ class CollateRunner:
             self.result = payload
             return None
         raise _unpack_error(payload, self.where)
+
+    def _check_started(self) -> None:
+        """Raise when a collate process has not confirmed its start within the deadline."""
+        if not self._process or self._ready.is_set():
+            return
+        waited = time.monotonic() - self._started_at
+        if waited <= self._start_timeout_s:
+            return
+        where = describe_descendants(self._worker.pid)
+        self.close(timeout_s=0.5)
+        raise RuntimeError(
+            f"{self.where} did not start within start_timeout_s={self._start_timeout_s} s "
+            f"(waited {waited:.1f} s): it is still re-importing your script's main module "
+            "(spawn re-runs its top-level code: is everything under an "
+            '`if __name__ == "__main__":` guard?), or unpickling the dataset, collate_fn '
+            "or length_fn is stuck. Raise start_timeout_s if start-up is legitimately that "
+            f"slow, or use collate_mode='thread'. Its processes: {where}"
+        )
 
     def _check_progress(self, waiting_since: float) -> None:
         """Raise when a multi-rank collate side has made no progress for too long."""

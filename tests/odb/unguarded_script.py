@@ -1,0 +1,24 @@
+"""A training script without an ``if __name__ == "__main__":`` guard (launched by torchrun).
+
+Top-level scripts like this are common. With ``collate_mode="process"`` the spawned
+collate process would re-run this file; ODB must refuse at once, naming the guard, or
+(thread mode, ``sys.argv[1] == "thread"``) train normally.
+"""
+
+import sys
+
+import torch.distributed as dist
+
+import odb
+from tests.odb.scenarios import LengthDataset
+
+dist.init_process_group("gloo")
+loader = odb.ODBLoader(
+    LengthDataset([(i * 7) % 60 + 1 for i in range(40)]),
+    token_budget=128,
+    collate_mode=sys.argv[1],
+    align_timeout_s=60.0,
+)
+ids = [i for batch in loader for i in odb.pop_step_info(batch).sample_ids]
+print(f"RESULT {dist.get_rank()} {len(ids)}", flush=True)
+dist.destroy_process_group()
