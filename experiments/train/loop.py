@@ -32,9 +32,10 @@ log = logging.getLogger("experiments.train")
 class Counters:
     """What a run has done so far; saved in checkpoints, summed over resumed segments.
 
-    ``samples`` and ``real_tokens`` are global (all ranks, from the step info);
+    ``samples`` is global (all ranks, from the step info); ``real_tokens``,
     ``padded_tokens``, ``idle_steps`` and ``data_wait_s`` are this rank's (the run sums
-    the first two over the ranks at the end).
+    the first three over the ranks at the end). Tokens are counted from the batches
+    themselves, so every loader is measured the same way.
     """
 
     epoch: int = 0
@@ -61,7 +62,7 @@ class Counters:
         return Counters(**{**self.to_dict(), **dict.fromkeys(LOCAL_COUNTERS, 0), **local})
 
 
-LOCAL_COUNTERS = ("padded_tokens", "idle_steps", "data_wait_s")
+LOCAL_COUNTERS = ("real_tokens", "padded_tokens", "idle_steps", "data_wait_s")
 
 
 @dataclass
@@ -112,6 +113,7 @@ class TrainLoop:
                 self._epoch(self.c.epoch)
                 if not self._step_limit():
                     self.c.epoch += 1
+                    self.schedule.update(self.c.epoch / self.epochs)  # 1.0 after the last
         finally:
             self._flush_losses()
             self.c.train_wall_s += time.perf_counter() - started
@@ -183,7 +185,7 @@ class TrainLoop:
         self.c.loader_steps += 1
         self.c.idle_steps += int(info.idle)
         self.c.samples += info.global_samples
-        self.c.real_tokens += info.global_real_tokens
+        self.c.real_tokens += 0 if info.idle else _real_tokens(batch)
         self.c.padded_tokens += int(batch["input_ids"].numel())
         if self.sample_log is not None:
             row = {"step": self.c.loader_steps, "epoch": info.epoch, "idle": info.idle,
@@ -210,11 +212,22 @@ class TrainLoop:
         rate, tokens = self.c.samples / wall, self.c.real_tokens / wall
         line = (f"step {self.c.optimizer_steps} epoch {self.c.epoch} "
                 f"loss {point['loss']:.4f} lr {point['lr']:.3g} samples/s {rate:.2f} "
-                f"tokens/s {tokens:.0f} idle {self.c.idle_steps}")
+                f"tokens/s (this rank) {tokens:.0f} "
+                f"padding eff. {self.c.real_tokens / max(self.c.padded_tokens, 1):.3f}")
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{point['loss']:.3f}", samples_s=f"{rate:.2f}",
-                                 tokens_s=f"{tokens:.0f}")
+                                 tokens_s=f"{tokens:.0f}",
+                                 pad_eff=f"{self.c.real_tokens / max(self.c.padded_tokens, 1):.3f}")
         log.info(line)
+
+
+def _real_tokens(batch: dict[str, Any]) -> int:
+    """Unpadded tokens of a batch: its 2-D attention mask's ones; a packed row (4-D
+    block mask) has no padding."""
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return int(mask.sum())
+    return int(batch["input_ids"].numel())
 
 
 def _barrier() -> None:

@@ -68,8 +68,8 @@ def build_result(*, cfg: Any, counters: Any, world_size: int,
                  loader_stats: dict[str, Any], started: str, finished: str) -> dict[str, Any]:
     """Assemble the result record of a finished run (rank 0).
 
-    ``counters`` hold global values: ``padded_tokens`` and ``idle_steps`` (rank-steps)
-    already summed over the ranks.
+    ``counters`` hold global values: tokens and ``idle_steps`` (rank-steps) already
+    summed over the ranks.
     """
     wall = max(counters.train_wall_s, 1e-9)
     padded_tokens = counters.padded_tokens

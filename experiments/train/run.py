@@ -297,12 +297,12 @@ def _train(cfg: TrainConfig, args: argparse.Namespace, d: Dist, out_dir: Path,
             sample_log.close()
         if bar is not None:
             bar.close()
-    # Per-rank counters summed once at the end (the step info carries only global samples
-    # and tokens): padded tokens, and IDLE steps as rank-steps.
-    totals = torch.tensor([counters.padded_tokens, counters.idle_steps], dtype=torch.int64,
-                          device=d.device)
+    # Per-rank counters summed once at the end: tokens, and IDLE steps as rank-steps.
+    totals = torch.tensor([counters.real_tokens, counters.padded_tokens, counters.idle_steps],
+                          dtype=torch.int64, device=d.device)
     dist.all_reduce(totals)
-    counters.padded_tokens, counters.idle_steps = (int(v) for v in totals.tolist())
+    counters.real_tokens, counters.padded_tokens, counters.idle_steps = (
+        int(v) for v in totals.tolist())
     _save_final(out_dir / "final", d.rank, engine.model, _state(cfg, counters, schedule),
                 processor_files)
     validation = _validate(cfg, engine.model, val_set, d.device)
