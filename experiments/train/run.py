@@ -211,20 +211,34 @@ def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
 # ---------------------------------------------------------------- resume
 
 
-def resolve_resume(option: str, out_dir: Path, rank: int) -> Path | None:
-    """The checkpoint to continue from (None: a fresh run, whose old checkpoints go)."""
+def resolve_resume(option: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
+    """The checkpoint to continue from (None: a fresh run), checked against ``cfg``."""
     if option == "none":
-        if rank == 0 and (out_dir / "checkpoints").exists():
-            log.info("fresh run: removing %s", out_dir / "checkpoints")
-            shutil.rmtree(out_dir / "checkpoints")
         return None
     if option == "auto":
-        return ckpt.find_latest(out_dir)
-    path = Path(option)
-    if not (path / ckpt.COMPLETE).exists():
-        raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
-                          f"{ckpt.COMPLETE} marker); use --resume auto")
-    return path
+        folder = ckpt.find_latest(out_dir)
+    else:
+        folder = Path(option)
+        if not (folder / ckpt.COMPLETE).exists():
+            raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
+                              f"{ckpt.COMPLETE} marker); use --resume auto")
+    if folder is not None:
+        check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
+    return folder
+
+
+def check_resumable(saved: dict[str, Any], cfg: TrainConfig, folder: Path) -> None:
+    """What decides the samples and their grouping must match; workers, logging may change."""
+    now = cfg.to_dict()
+    for key in ("data", "method.name", "method.token_budget", "method.odb", "method.baseline",
+                "train.grad_accum_steps", "run.seed"):
+        section, _, name = key.partition(".")
+        old, new = saved[section], now[section]
+        if name:
+            old, new = old.get(name), new.get(name)
+        if old != new:
+            raise ConfigError(f"--resume: the checkpoint {folder} was made with {key}={old!r}, "
+                              f"this run has {new!r}; resume with the same setting")
 
 
 def _trim_sample_log(path: Path, steps: int) -> None:
@@ -242,21 +256,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
+    out_dir = Path(cfg.run.out_dir)
+    resume_from = resolve_resume(args.resume, out_dir, cfg)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     d = init_distributed(cfg)
     _setup_logging(d.rank)
-    out_dir = Path(cfg.run.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if resume_from is None and d.rank == 0 and (out_dir / "checkpoints").exists():
+        log.info("fresh run: removing %s", out_dir / "checkpoints")
+        shutil.rmtree(out_dir / "checkpoints")
     torch.manual_seed(cfg.run.seed + d.rank)
     try:
-        return _train(cfg, args, d, out_dir, started)
+        return _train(cfg, d, out_dir, resume_from, started)
     finally:
         dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, args: argparse.Namespace, d: Dist, out_dir: Path,
+def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
            started: str) -> dict[str, Any] | None:
-    resume_from = resolve_resume(args.resume, out_dir, d.rank)
     dist.barrier()  # rank 0 has cleared stale checkpoints of a fresh run
     train_set, val_set = build_datasets(cfg)
     processor_files = [train_set.tokenizer, train_set.image_processor]
@@ -331,11 +348,6 @@ def _state(cfg: TrainConfig, counters: Counters, schedule: ProgressSchedule) -> 
 def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loader: Any,
              cfg: TrainConfig, out_dir: Path) -> Counters:
     state = ckpt.read_state(folder)
-    saved = state["config"]
-    for section in ("method", "data"):
-        if saved[section] != cfg.to_dict()[section]:
-            raise ConfigError(f"--resume: the checkpoint {folder} was made with another "
-                              f"{section} section; resume with the same config")
     engine.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
     schedule.load_state_dict(state["schedule"])
     loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
+from experiments.train.config import ConfigError, load_config
+from experiments.train.run import main
 from tests.dist import free_port, kill_tree
 from tests.experiments.train.conftest import CONFIGS, ENV
 from tests.experiments.train.test_run import train
@@ -71,3 +74,18 @@ def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
         assert result["steps"] == STANDARD_STEPS
     curve = [p["step"] for p in result["loss_curve"]]
     assert curve == list(range(1, result["optimizer_steps"] + 1))
+    final = json.loads((tmp_path / "final" / "trainer_state.json").read_text())
+    assert final["schedule"]["fraction"] == 1.0  # the schedule ends with the epoch
+
+
+def test_resume_refuses_another_grouping(base_config: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints" / "step_000004"
+    folder.mkdir(parents=True)
+    saved = load_config([base_config], [f"run.out_dir={tmp_path}"]).to_dict()
+    (folder / "trainer_state.json").write_text(json.dumps({"config": saved}))
+    (folder / "COMPLETE").write_text("")
+    args = ["--config", str(base_config), f"run.out_dir={tmp_path}", "--resume", "auto"]
+    with pytest.raises(ConfigError, match="made with method.token_budget=2048, this run has "
+                                          "4096"):
+        main([*args, "method.token_budget=4096"])
+    assert not dist.is_initialized()
