@@ -179,6 +179,7 @@ class TrainLoop:
             self._flush_losses()
             self._log()
         if self.save_every and self.c.optimizer_steps % self.save_every == 0:
+            self._flush_losses()  # the checkpoint's loss curve is complete up to here
             self.save(self.c)
 
     def _count(self, batch: dict[str, Any], info: odb.StepInfo) -> None:
