@@ -1,27 +1,170 @@
-"""The Snakemake workflow dry-runs at both scales, and each profile selects its config."""
+"""The Snakemake workflow: lint, dry-runs of both profiles, the grid's contracts, and one
+tiny real target run end to end through snakemake (data -> cache -> train -> eval ->
+tables) in a scratch working directory."""
 
+from __future__ import annotations
+
+import json
+import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import pytest
+import yaml
+
+from experiments.grid import build_grid
+
 ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
-def _dry_run(*extra: str) -> str:
+def _snakemake(*args: str, cwd: Path = ROOT, timeout: int = 180) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--forceall", *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     return proc.stdout + proc.stderr
 
 
-def test_default_profile_runs_cpu_proxy_scale():
-    assert "--scale CPU-proxy" in _dry_run("--cores", "1")
+def _job_counts(text: str) -> Counter:
+    stats = text.split("Job stats:")[1].split("Reasons")[0]
+    return Counter({m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)})
 
 
-def test_slurm_profile_runs_paper_scale():
-    assert "--scale paper" in _dry_run("--profile", "slurm")
+def _config(name: str) -> dict:
+    return yaml.safe_load((ROOT / "config" / name).read_text())
+
+
+def test_lint_is_clean() -> None:
+    assert "Congratulations, your workflow is in a good condition" in _snakemake("--lint")
+
+
+def test_default_profile_dry_run_is_the_cpu_grid() -> None:
+    out = _snakemake("-n", "--forceall", "--cores", "2")
+    jobs = _job_counts(out)
+    grid = build_grid(_config("cpu.yaml"))
+    assert jobs["train"] == len(grid.cells)
+    assert jobs["report"] == 1 and jobs["proxies"] == 1
+    assert "run.scale=CPU-proxy" in out and "--nproc_per_node 2" in out
+    assert "srun" not in out
+
+
+def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
+    out = _snakemake("--profile", "slurm", "-n", "--forceall")
+    jobs = _job_counts(out)
+    assert jobs["total"] >= 200 and jobs["train"] >= 150 and jobs["evaluate"] >= 200, jobs
+    assert "run.scale=paper" in out and "proxies" not in jobs  # the hub, not proxies
+    blocks = out.split("\nrule ")
+    two_node = [b for b in blocks if b.startswith("train:") and "-n2-" in b.split("\n")[1]]
+    assert two_node and all(
+        "nodes=2" in b
+        and "mpi=srun" in b
+        and "gres=gpu:8" in b
+        and "srun --ntasks-per-node 1 python -m torch.distributed.run" in b
+        and "--rdzv_backend c10d" in b
+        for b in two_node
+    )
+    evals = [b for b in blocks if b.startswith("evaluate:")]
+    assert evals and all("gres=gpu:1" in b for b in evals)
+
+
+def test_paper_grid_holds_the_papers_cells() -> None:
+    grid = build_grid(_config("paper.yaml"))
+    main = [grid.cells[n] for n in grid.tables["throughput"]]
+    assert not [c for c in main if c.method == "packing" and c.data != "ultrachat"]
+    assert {(c.model, c.mode, c.nodes) for c in main if c.data == "sharegpt4o"} == {
+        ("2b", "full", 1),
+        ("2b", "lora", 1),
+        ("8b", "full", 1),
+        ("8b", "lora", 1),
+        ("2b", "full", 2),
+        ("8b", "full", 2),
+    }
+    assert sorted(c.seed for c in main if c.data == "mmmix" and c.method == "odb") == [0, 1, 2]
+    budgets = {c.data: c.budget for c in main}
+    assert budgets["ultrachat"] == 12288 and budgets["sharegpt4o"] == 14336
+
+
+def test_packing_on_a_multimodal_dataset_is_refused() -> None:
+    config = _config("cpu.yaml")
+    config["grid"][1]["methods"].append("packing")
+    with pytest.raises(ValueError, match="packing is text-only"):
+        build_grid(config)
+
+
+def test_an_ablation_at_the_default_setting_is_the_main_cell() -> None:
+    grid = build_grid(_config("cpu.yaml"))
+    policy = grid.tables["policy"]
+    assert "ultrachat.odb.tiny-full-n1-s0" in policy  # policy=balanced is the default
+    assert "ultrachat.odb.tiny-full-n1-s0.policy-paper" in policy
+
+
+def test_cache_and_train_agree_on_the_data_config() -> None:
+    """The length cache is built from grid.data_args, the run from its --config layers and
+    overrides: both must give the same DataConfig, or the run refuses the cache as stale."""
+    from experiments.data.pipeline import DataConfig
+    from experiments.train.config import load_config
+
+    for config in (_config("cpu.yaml"), _config("paper.yaml")):
+        grid = build_grid(config)
+        for name in grid.cells:
+            if not grid.needs_cache(name):
+                continue
+            words = grid.train_args(name).split()
+            files = [w for p, w in zip(words, words[1:], strict=False) if p == "--config"]
+            overrides = [w.strip("'") for w in words if "=" in w]
+            cfg = load_config([ROOT / f for f in files], overrides)
+            assert cfg.data == DataConfig(**grid.data_args(grid.cells[name].data)), name
+
+
+def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
+    """Real rules, real runs: proxies -> assets -> length cache -> train (Standard, GMT,
+    ODB at W=2) -> validation-loss evaluation -> three paper tables, then nothing to do."""
+    config = _config("cpu.yaml")
+    config["data"].update(proxy_samples=80, leverage_samples=60)
+    config["train"].update(
+        max_samples={"ultrachat": 48, "llava": 48, "sharegpt4o": 48, "mmmix": 48},
+        holdout_samples={"ultrachat": 16, "llava": 16, "sharegpt4o": 16, "mmmix": 16},
+    )
+    config["grid"] = [
+        {
+            "datasets": ["ultrachat"],
+            "methods": ["standard", "gmt", "odb"],
+            "models": ["tiny"],
+            "modes": ["full"],
+            "nodes": [1],
+            "seeds": [0],
+        }
+    ]
+    config["evaluate"].update(
+        methods=["odb"], benchmarks={"text": ["val_loss"], "multimodal": ["val_loss"]}
+    )
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    for shared in ("experiments", "eval"):  # config layers and fixtures, by relative path
+        (tmp_path / shared).symlink_to(ROOT / shared)
+    targets = ["table_throughput", "table_quality", "table_cache"]
+    args = [
+        "-s",
+        str(ROOT / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--configfile",
+        str(tmp_path / "config.yaml"),
+        "--cores",
+        "2",
+    ]
+    _snakemake(*args, *targets, timeout=300)
+    table = json.loads((tmp_path / "results/paper/tables/throughput.json").read_text())
+    assert {d["method"] for d in table["data"]} == {"standard", "gmt", "odb"}
+    assert all(d["samples_per_s"] > 0 for d in table["data"])
+    cache = json.loads((tmp_path / "results/paper/tables/cache.json").read_text())["data"]
+    assert next(d for d in cache if d["method"] == "gmt")["build_seconds"] > 0
+    val = json.loads(
+        (tmp_path / "results/eval/ultrachat.odb.tiny-full-n1-s0/val_loss.json").read_text()
+    )
+    assert val["metrics"]["loss"] > 0
+    assert "Nothing to be done" in _snakemake(*args, *targets, "-n")

@@ -1,35 +1,9 @@
-# Data stage: proxy datasets (CPU scale), local assets, post-pipeline length statistics.
+# Data stage: proxy datasets (CPU scale), local assets, post-pipeline length statistics,
+# and the synthetic leverage mixes (CV x short-sample fraction) of that ablation.
 #
 # CPU scale (config data.source = proxies): proxies -> assets -> length_stats per dataset.
 # Paper scale (data.source = hub): length_stats reads the hub datasets through the same
 # code with the real Qwen3-VL processor; the proxy and asset rules are not in the DAG.
-
-
-def _processor():
-    if config["data"]["source"] == "proxies":
-        return "results/data/assets/processor"
-    return config["model"]["processor"]
-
-
-def _length_stats_inputs(wildcards):
-    return ["results/data/assets"] if config["data"]["source"] == "proxies" else []
-
-
-def _source(dataset):
-    spec = config["data"]["datasets"][dataset]
-    if config["data"]["source"] == "proxies":
-        return f"results/data/proxies/{dataset}"
-    return spec["hub"]
-
-
-def _source_args(dataset):
-    spec = config["data"]["datasets"][dataset]
-    args = [f"--image-max-pixels {spec['image_max_pixels']}"]
-    if config["data"]["source"] == "hub":
-        for key, flag in (("subset", "--subset"), ("split", "--split"), ("image_dir", "--image-dir")):
-            if spec.get(key):
-                args.append(f"{flag} {spec[key]}")
-    return " ".join(args)
 
 
 rule proxies:
@@ -41,6 +15,8 @@ rule proxies:
         samples=config["data"].get("proxy_samples", 0),
         seed=config["seed"],
     threads: 1
+    conda:
+        "../../environment.yml"
     resources:
         mem_mb=4000,
         runtime=30,
@@ -59,6 +35,8 @@ rule assets:
     params:
         seed=config["seed"],
     threads: 1
+    conda:
+        "../../environment.yml"
     resources:
         mem_mb=4000,
         runtime=30,
@@ -81,6 +59,8 @@ rule length_stats:
         processor=_processor(),
         cutoff=config["data"]["cutoff_len"],
     threads: 1
+    conda:
+        "../../environment.yml"
     resources:
         mem_mb=8000,
         runtime=60,
@@ -88,3 +68,25 @@ rule length_stats:
         "python -m experiments.data.length_stats --dataset {wildcards.dataset}"
         " --source {params.source} {params.extra} --processor {params.processor}"
         " --cutoff-len {params.cutoff} --hist {output.hist} --out {output.json} > {log} 2>&1"
+
+
+rule leverage:
+    output:
+        directory("results/data/leverage"),
+    log:
+        "logs/data/leverage.log",
+    params:
+        samples=config["data"]["leverage_samples"],
+        cvs=" ".join(map(str, config["ablations"]["leverage"]["cvs"])),
+        fs=" ".join(map(str, config["ablations"]["leverage"]["short_fractions"])),
+        seed=config["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m experiments.data.proxies --out results/data --datasets"
+        " --num-samples {params.samples} --leverage-cv {params.cvs} --leverage-fs {params.fs}"
+        " --seed {params.seed} > {log} 2>&1"

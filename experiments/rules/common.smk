@@ -1,0 +1,109 @@
+# Helpers shared by the stage files: input functions and parameters computed from the
+# config and the grid (experiments/grid.py), kept apart from the steps as the Snakemake
+# catalog does, so each stage file reads as a list of steps.
+
+import json
+
+from experiments.grid import TABLES
+
+
+def _processor():
+    if config["data"]["source"] == "proxies":
+        return "results/data/assets/processor"
+    return config["model"]["processor"]
+
+
+def _length_stats_inputs(wildcards):
+    return ["results/data/assets"] if config["data"]["source"] == "proxies" else []
+
+
+def _source(dataset):
+    spec = config["data"]["datasets"][dataset]
+    if config["data"]["source"] == "proxies":
+        return f"results/data/proxies/{dataset}"
+    return spec["hub"]
+
+
+def _source_args(dataset):
+    spec = config["data"]["datasets"][dataset]
+    args = [f"--image-max-pixels {spec['image_max_pixels']}"]
+    if config["data"]["source"] == "hub":
+        for key, flag in (("subset", "--subset"), ("split", "--split"), ("image_dir", "--image-dir")):
+            if spec.get(key):
+                args.append(f"{flag} {spec[key]}")
+    return " ".join(args)
+
+
+def data_inputs(data):
+    """What a data variant reads: generated files at CPU scale, nothing (the hub) else."""
+    source = GRID.variants[data].source
+    assets = ["results/data/assets"] if config["data"]["source"] == "proxies" else []
+    if source.startswith("results/data/leverage/"):
+        return ["results/data/leverage", *assets]
+    if source.startswith("results/data/proxies/"):
+        return ["results/data/proxies", *assets]
+    return []
+
+
+def _cache_kwargs(wildcards):
+    cfg = {"_target_": "experiments.data.pipeline:DataConfig", **GRID.data_args(wildcards.data)}
+    return json.dumps({"cfg": cfg}, separators=(",", ":"))
+
+
+def _model(wildcards):
+    return config["train"]["models"][GRID.cells[wildcards.cell].model]
+
+
+def _train_inputs(wildcards):
+    cell = GRID.cells[wildcards.cell]
+    inputs = data_inputs(cell.data)
+    if GRID.needs_cache(wildcards.cell):
+        inputs.append(f"results/cache/{cell.data}.json")
+    return inputs
+
+
+def _nodes(wildcards):
+    return GRID.cells[wildcards.cell].nodes
+
+
+def _eval_args(wildcards):
+    ev = config["evaluate"]
+    args = [ev["args"][wildcards.benchmark], ev["device_args"]]
+    if wildcards.benchmark == "val_loss":
+        d = GRID.data_args(GRID.cells[wildcards.cell].data)
+        args += [f"--dataset {d['dataset']} --source {d['source']}",
+                 f"--holdout-samples {d['holdout_samples']} --max-samples {d['max_samples']}",
+                 f"--token-budget {GRID.cells[wildcards.cell].budget}",
+                 f"--image-max-pixels {d['image_max_pixels']} --cutoff-len {d['cutoff_len']}",
+                 f"--processor {d['processor']}"]
+    return " ".join(a for a in args if a)
+
+
+def _eval_inputs(wildcards):
+    if wildcards.benchmark not in GRID.benchmarks(wildcards.cell):
+        raise ValueError(f"{wildcards.benchmark} is not an evaluation of {wildcards.cell} "
+                         "(config `evaluate`)")
+    inputs = [f"results/train/{wildcards.cell}/final"]
+    if wildcards.benchmark == "val_loss":
+        inputs += data_inputs(GRID.cells[wildcards.cell].data)
+    return inputs
+
+
+# paper table -> whether its script also draws a figure
+FIGURES = {"throughput": True, "quality": False, "cache": False, "budget": True,
+           "depth": True, "leverage": True, "policy": False, "join": False,
+           "staleness": False}
+
+
+PARTIAL = "--allow-partial" if config.get("allow_partial", False) else ""
+
+
+def _paper_outputs(table):
+    out = {"md": f"results/paper/tables/{table}.md", "tex": f"results/paper/tables/{table}.tex"}
+    if FIGURES[table]:
+        out["png"] = f"results/paper/figures/{table}.png"
+    return out
+
+
+def _table(name):
+    return list(_paper_outputs(name).values())

@@ -1,0 +1,215 @@
+"""The report: every table and figure, the scale they were made at, and the paper beside.
+
+Reads the tables' JSON and Markdown that the other ``paper`` scripts wrote (never the
+raw results again, so each number has one producer) and writes one Markdown file. It
+states the scale, the hardware and the commit the results were made at; at CPU-proxy
+scale it says plainly that the numbers are not the paper's GPU numbers and compares
+*directions* only. A table with missing cells fails the report unless
+``--allow-partial``; then the missing cells are listed.
+
+    python -m paper.report --grid results/paper/grid.json --paper-dir results/paper \\
+        --out results/paper/REPORT.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments.grid import TABLES
+from paper import published
+from paper.common import DATASET_LABEL, METHOD_LABEL, IncompleteGridError, num
+
+ORDER = (
+    "throughput",
+    "quality",
+    "cache",
+    "budget",
+    "depth",
+    "leverage",
+    "policy",
+    "join",
+    "staleness",
+)
+assert set(ORDER) == set(TABLES)
+
+
+def _load(paper_dir: Path, name: str) -> dict[str, Any]:
+    path = paper_dir / "tables" / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing: run `python -m paper.{name}` (or snakemake table_{name}) first"
+        )
+    return json.loads(path.read_text())
+
+
+def _results_meta(grid: dict[str, Any], root: Path) -> tuple[set[str], set[str]]:
+    commits, hardware = set(), set()
+    for cell in grid["cells"].values():
+        path = root / cell["result"]
+        if path.exists():
+            result = json.loads(path.read_text())
+            commits.add(result.get("git_commit", "unknown"))
+            hw = result.get("hardware", {})
+            gpu = hw.get("gpu") or "no GPU"
+            hardware.add(
+                f"{hw.get('cpu_count', '?')} CPUs, {gpu}, W={result['world_size']}, "
+                f"{result['nodes']} node(s)"
+            )
+    return commits, hardware
+
+
+def _throughput_direction(tables: dict[str, dict]) -> list[str]:
+    data = [
+        d
+        for d in tables["throughput"]["data"]
+        if d["method"] == "odb" and not math.isnan(d["speedup"])
+    ]
+    if not data:
+        return ["- Throughput: no ODB/Standard pair in the grid."]
+    ups = [d["speedup"] for d in data]
+    faster = sum(u > 1.0 for u in ups)
+    lines = [
+        f"- **Throughput**: ODB vs Standard, {num(min(ups))}x - {num(max(ups))}x over "
+        f"{len(ups)} setting(s); faster in {faster} of {len(ups)}. Paper: "
+        + "; ".join(f"{k} {lo}x - {hi}x" for k, (lo, hi) in published.SPEEDUP_RANGES.items())
+        + f". Direction {'agrees' if faster == len(ups) else 'differs in part'}."
+    ]
+    for dataset, setting, std, odb, up in published.THROUGHPUT:
+        ours = [d["speedup"] for d in data if d["dataset"] == dataset]
+        mine = ", ".join(f"{num(u)}x" for u in ours) or "not run"
+        lines.append(
+            f"  - {DATASET_LABEL[dataset]}: paper {up}x ({setting}: Standard {std} "
+            f"vs ODB {odb} samples/s); ours {mine}."
+        )
+    return lines
+
+
+def _quality_direction(tables: dict[str, dict]) -> list[str]:
+    data = tables["quality"]["data"]
+    by_setting: dict[tuple, dict[str, float]] = {}
+    for d in data:
+        key = (d["dataset"], d["model"], d["mode"], d["nodes"])
+        by_setting.setdefault(key, {})[d["method"]] = d["val_loss"]
+    inside, total, lines = 0, 0, []
+    for key, losses in sorted(by_setting.items()):
+        if "odb" not in losses or len(losses) < 2:
+            continue
+        others = [v for m, v in losses.items() if m != "odb" and not math.isnan(v)]
+        lo, hi = min(others), max(others)
+        odb = losses["odb"]
+        # the band: the spread of the other methods' validation losses in this setting
+        ok = lo - 1e-9 <= odb <= hi + 1e-9 or (
+            "standard" in losses and abs(odb - losses["standard"]) <= 0.01 * losses["standard"]
+        )
+        inside += ok
+        total += 1
+        lines.append(
+            f"  - {DATASET_LABEL[key[0]]} {key[1]} {key[2]} {key[3]}N: ODB "
+            f"{num(odb, 3)}, others {num(lo, 3)} - {num(hi, 3)} "
+            f"({'comparable' if ok else 'not comparable'})"
+        )
+    head = (
+        f"- **Quality** (validation loss): ODB inside the band of the other methods (or "
+        f"within 1% of Standard) in {inside} of {total} setting(s). Paper: "
+        '"Standard-comparable band" (e.g. 8B UltraChat MMLU: ODB 74.75, Packing 75.18, '
+        "GMT 75.14)."
+    )
+    return [head, *lines]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", type=Path, required=True)
+    parser.add_argument("--paper-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--root", type=Path, default=Path("."))
+    parser.add_argument("--allow-partial", action="store_true")
+    args = parser.parse_args(argv)
+    grid = json.loads(args.grid.read_text())
+    tables = {name: _load(args.paper_dir, name) for name in ORDER}
+    missing = {name: t["missing"] for name, t in tables.items() if t["missing"]}
+    if missing and not args.allow_partial:
+        raise IncompleteGridError(
+            "the grid is incomplete: "
+            + "; ".join(f"{k}: {len(v)} missing" for k, v in missing.items())
+            + ". Run the missing cells or pass --allow-partial (config allow_partial: true)"
+        )
+    commits, hardware = _results_meta(grid, args.root)
+    cpu = grid["scale"] != "paper"
+    out = ["# ODB reproduction report", ""]
+    if cpu:
+        out += [
+            f"> **Scale: {grid['scale']}.** Tiny Qwen3-VL (~1M parameters, random init) "
+            "on proxy datasets with the paper's length statistics, W=2 ranks on CPU. "
+            "These numbers are **not** the paper's GPU numbers: compare directions, "
+            "never magnitudes. Benchmark scores of this model are pipeline checks.",
+            "",
+        ]
+    else:
+        out += [f"> **Scale: {grid['scale']}** (Qwen3-VL 2B/8B on GPUs).", ""]
+    out += [
+        f"- Hardware (config): {grid['hardware']}",
+        f"- Hardware (measured by the runs): {'; '.join(sorted(hardware)) or 'n/a'}",
+        f"- Commit(s) the results were made at: {', '.join(sorted(commits)) or 'n/a'}",
+        f"- Cells: {len(grid['cells'])}",
+        "",
+    ]
+    if missing:
+        out += ["## Missing cells (partial grid)", ""]
+        out += [f"- {k}: " + ", ".join(f"`{m}`" for m in v) for k, v in missing.items()]
+        out.append("")
+    out += [
+        "## Our results against the paper's claims",
+        "",
+        *_throughput_direction(tables),
+        *_quality_direction(tables),
+        "",
+        "Published numbers (the paper, 8x H20 nodes):",
+        "",
+        pd.DataFrame(
+            [
+                {
+                    "Dataset": DATASET_LABEL[d],
+                    "Setting": s,
+                    "Standard samples/s": a,
+                    "ODB samples/s": b,
+                    "Speedup": f"{c}x",
+                }
+                for d, s, a, b, c in published.THROUGHPUT
+            ]
+        ).to_markdown(index=False),
+        "",
+        pd.DataFrame(
+            [
+                {"Dataset": DATASET_LABEL[d], "Setting": s, "Benchmark": b, "ODB": o, "Others": r}
+                for d, s, b, o, r in published.QUALITY
+            ]
+        ).to_markdown(index=False),
+        "",
+    ]
+    out += ["## Tables and figures", ""]
+    for name in ORDER:
+        out.append((args.paper_dir / "tables" / f"{name}.md").read_text().rstrip())
+        out.append("")
+        figure = args.paper_dir / "figures" / f"{name}.png"
+        if figure.exists():
+            out += [f"![{name}](figures/{name}.png)", ""]
+        out += [f"LaTeX: `tables/{name}.tex`. Made by `python -m paper.{name}`.", ""]
+    labels = ", ".join(METHOD_LABEL.values())
+    out += [
+        "---",
+        f"Methods: {labels}. Every number above comes from one `paper/` script "
+        "reading result JSON; none is edited by hand.",
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
