@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -180,7 +180,9 @@ class TrainLoop:
             self._log()
         if self.save_every and self.c.optimizer_steps % self.save_every == 0:
             self._flush_losses()  # the checkpoint's loss curve is complete up to here
-            self.save(self.c)
+            elapsed = time.perf_counter() - self._started
+            self.save(replace(self.c, train_wall_s=self.c.train_wall_s + elapsed,
+                              loss_curve=list(self.c.loss_curve)))
 
     def _count(self, batch: dict[str, Any], info: odb.StepInfo) -> None:
         self.c.loader_steps += 1

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 # 64 training samples, 2 per rank and step at W=2 (budget 2048 // cutoff 1024): Standard's
 # epoch is 16 steps whether or not it is interrupted.
 RESUMABLE = ("data.max_samples=72", "train.max_steps=0", "run.save_every=4",
-             "run.record_sample_ids=true")
+             "run.record_sample_ids=true", "run.keep_checkpoints=10")
 STANDARD_STEPS = 16
 KILL_AFTER = 4
 
@@ -68,6 +68,9 @@ def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
     result = train(base_config, tmp_path, f"method/{method}.yaml",
                    overrides=("--resume", "auto", *RESUMABLE))
     assert result["segments"] == 2
+    saved = json.loads((tmp_path / "checkpoints" / f"step_{KILL_AFTER:06d}" /
+                        "trainer_state.json").read_text())["counters"]
+    assert 0 < saved["train_wall_s"] < result["train_wall_s"]  # both segments' time counts
     assert _emitted(tmp_path) == list(range(64)), "a sample lost or seen twice"
     assert result["emitted_samples"] == 64
     if method == "standard":
