@@ -300,7 +300,8 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
 
     sample_log = None
     if cfg.run.record_sample_ids:
-        sample_log = (out_dir / f"samples_rank{d.rank}.jsonl").open("a")
+        # a resumed run appends to the log its checkpoint trimmed; a fresh one starts it
+        sample_log = (out_dir / f"samples_rank{d.rank}.jsonl").open("a" if resume_from else "w")
     bar = _progress_bar(d.rank, loader)
     try:
         counters = TrainLoop(
