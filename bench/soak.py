@@ -4,7 +4,10 @@ Every scenario is drawn from its seed (world size 1-4, collate thread or process
 0-2 DataLoader workers, fork or spawn workers, budgets from tiny to large, skewed and
 long-tail lengths with over-budget samples, empty shards, join and non-join, 1-3
 epochs, both alignment policies, gradient accumulation, small and large buffers and
-queues) and run on real ranks (Gloo over TCP on 127.0.0.1) by ``tests.dist.run_ranks``.
+queues; who shards: ODB dealing one dataset, a user's global sampler, per-rank
+datasets, a pre-sharded stream, a stream that shards itself over workers; rank 0
+alone taking its state piece mid-epoch) and run on real ranks (Gloo over TCP on
+127.0.0.1) by ``tests.dist.run_ranks``.
 Zero-length samples are an error by design (``tests/odb/test_bad_input.py``), so no
 scenario has them.
 
@@ -46,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.dist import run_ranks
-from tests.odb.scenarios import Scenario, check_scenario, draw_lengths, run_scenario
+from tests.odb.scenarios import SETUPS, Scenario, check_scenario, draw_lengths, run_scenario
 
 BUDGETS = (4, 16, 64, 256, 1024, 8192)
 LIMIT_S = 90.0  # hard wall-clock limit of one scenario
@@ -73,7 +76,8 @@ def draw(seed: int, quick: bool = False) -> tuple[Scenario, str]:
         options = dict(scenario.options, collate_mode=mode)
         lengths = scenario.lengths[:60]
         epochs = min(scenario.epochs, 2)
-        return Scenario(seed, scenario.world_size, lengths, options, epochs=epochs), "fork"
+        quick_scenario = Scenario(seed, scenario.world_size, lengths, options, epochs=epochs)
+        return _with_setup(quick_scenario, rotate=True), "fork"
     rng = random.Random(seed)
     world_size = rng.randint(1, 4)
     mode = rng.choice(["thread", "process"])
@@ -105,7 +109,35 @@ def draw(seed: int, quick: bool = False) -> tuple[Scenario, str]:
         init_timeout_s=60.0,
     )
     start_method = "spawn" if rng.random() < 0.2 else "fork"
-    return Scenario(seed, world_size, lengths, options, epochs=rng.choice([1, 2, 3])), start_method
+    scenario = Scenario(seed, world_size, lengths, options, epochs=rng.choice([1, 2, 3]))
+    return _with_setup(scenario), start_method
+
+
+def _with_setup(scenario: Scenario, rotate: bool = False) -> Scenario:
+    """Draw who shards (``SETUPS``) and rank 0's lone save, from a stream of their own.
+
+    A separate generator keeps every earlier draw of a seed as it was. Per-rank data and
+    streams are drawn for join scenarios only (non-join is for one global dataset, and a
+    non-join stream's carry is not bounded across epochs) and need a sample on every
+    rank (an IDLE step is built from one of the rank's own samples). ``rotate`` (the
+    quick draw) takes the set-ups in turn by seed, so a short slice covers them all.
+    """
+    rng = random.Random(scenario.seed * 7919 + 2)
+    setup = rng.choice(SETUPS if scenario.options["join"] else SETUPS[:2])
+    if rotate and scenario.options["join"]:  # the CI slice: every set-up in a short run
+        setup = SETUPS[scenario.seed % len(SETUPS)]
+    if setup not in SETUPS[:2] and len(scenario.lengths) < scenario.world_size:
+        setup = "global"
+    save_step = rng.choice([0, 1, 3])
+    return Scenario(
+        scenario.seed,
+        scenario.world_size,
+        scenario.lengths,
+        scenario.options,
+        scenario.epochs,
+        setup=setup,
+        save_step=save_step,
+    )
 
 
 def _run_batch(rank: int, world_size: int, seeds: list[int], quick: bool) -> list[Any]:
@@ -237,6 +269,7 @@ def run_soak(
     modes = Counter(d.options["collate_mode"] for d in drawn)
     workers = Counter(d.options["num_workers"] for d in drawn)
     joins = Counter("join" if d.options["join"] else "non-join" for d in drawn)
+    setups = Counter(d.setup for d in drawn)
     quick_flag = " --quick" if quick else ""
     return dict(
         command=f"python -m bench.soak --scenarios {scenarios} --seed {seed}{quick_flag}",
@@ -249,6 +282,8 @@ def run_soak(
         by_collate_mode=dict(modes),
         by_num_workers=dict(sorted(workers.items())),
         by_termination=dict(joins),
+        by_setup=dict(sorted(setups.items())),
+        rank0_only_saves=sum(1 for d in drawn if d.save_step),
         limit_s_per_scenario=limit_s,
         wall_s=round(time.perf_counter() - started, 1),
         machine=dict(

@@ -1,9 +1,15 @@
 """Seeded random loader scenarios shared by the distributed tests and the soak bench.
 
 A scenario fixes a dataset of token lengths (with per-rank length profiles when the
-order is not shuffled, so views differ in size *and* in shape), the loader settings
-and the number of epochs. :func:`run_scenario` runs it on one rank and records what
-the rank yielded; :func:`check_scenario` checks the protocol's guarantees across ranks.
+order is not shuffled, so views differ in size *and* in shape), the loader settings,
+the number of epochs and the *set-up*: who decides which samples a rank reads
+(``SETUPS``: ODB dealing one dataset, a user's global sampler, per-rank datasets, a
+pre-sharded stream, a stream that shards itself over workers). Whatever the set-up,
+sample ``i`` of the scenario is ``lengths[i]`` and is reported as id ``i``, so the
+same checks apply. Rank 0 alone also takes its state piece mid-epoch (``save_step``),
+which must return at once (it is not a collective). :func:`run_scenario` runs it on
+one rank and records what the rank yielded; :func:`check_scenario` checks the
+protocol's guarantees across ranks.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
 
 import odb
 
 DISTRIBUTIONS = ("uniform", "longtail", "bimodal", "oversize")
+SETUPS = ("global", "sampler", "per_rank", "stream_rank", "stream_worker")
 
 
 class LengthDataset:
@@ -30,10 +39,39 @@ class LengthDataset:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ids = torch.arange(self.lengths[index], dtype=torch.long) % 97 + 3
-        labels = ids.clone()
-        labels[: len(labels) // 3] = -100  # a masked prompt: loss tokens != input tokens
-        return {"input_ids": ids, "labels": labels, "index": torch.tensor([index])}
+        return make_sample(index, self.lengths[index])
+
+
+def make_sample(index: int, length: int) -> dict[str, torch.Tensor]:
+    """Sample ``index`` of ``length`` tokens; its ``index`` field names it."""
+    ids = torch.arange(length, dtype=torch.long) % 97 + 3
+    labels = ids.clone()
+    labels[: len(labels) // 3] = -100  # a masked prompt: loss tokens != input tokens
+    return {"input_ids": ids, "labels": labels, "index": torch.tensor([index])}
+
+
+class OwnStream(IterableDataset):
+    """A pre-sharded stream: rank ``r`` of ``W`` holds samples ``r, r + W, ...`` only."""
+
+    def __init__(self, lengths: list[int], rank: int, world_size: int) -> None:
+        self.lengths, self.ids = lengths, list(range(rank, len(lengths), world_size))
+
+    def __iter__(self):
+        for i in self.ids:
+            yield make_sample(i, self.lengths[i])
+
+
+class WorkerShardedStream(IterableDataset):
+    """A stream that splits itself over DataLoader workers (as Hugging Face streams do)."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(worker, len(self.lengths), workers):
+            yield make_sample(i, self.lengths[i])
 
 
 @dataclass(frozen=True)
@@ -43,6 +81,8 @@ class Scenario:
     lengths: list[int]
     options: dict[str, Any] = field(default_factory=dict)
     epochs: int = 1
+    setup: str = "global"
+    save_step: int = 0  # rank 0 alone takes its state piece after this step (0: never)
 
 
 def draw_lengths(
@@ -98,20 +138,49 @@ def draw_scenario(seed: int, world_size: int, mode: str = "thread") -> Scenario:
     )
 
 
+def build_loader(scenario: Scenario, rank: int, world_size: int) -> tuple[odb.ODBLoader, Any]:
+    """The scenario's loader on this rank, and the map from what it yields to sample ids.
+
+    The map is a list (local index -> id) for per-rank datasets, ``"field"`` when the id
+    is read from the batch's ``index`` field (streams), None when ids are the loader's.
+    """
+    lengths, options, setup = scenario.lengths, scenario.options, scenario.setup
+    if setup == "global":
+        return odb.ODBLoader(LengthDataset(lengths), **options), None
+    if setup == "sampler":
+        order = random.Random(scenario.seed).sample(range(len(lengths)), len(lengths))
+        loader = odb.ODBLoader(LengthDataset(lengths), sampler=order, shard="odb", **options)
+        return loader, None
+    if setup == "per_rank":
+        own = list(range(rank, len(lengths), world_size))
+        dataset = LengthDataset([lengths[i] for i in own])
+        return odb.ODBLoader(dataset, shard="rank", **options), own
+    if setup == "stream_rank":
+        stream = OwnStream(lengths, rank, world_size)
+        return odb.ODBLoader(stream, shard="rank", **options), "field"
+    return odb.ODBLoader(WorkerShardedStream(lengths), shard="worker", **options), "field"
+
+
 def run_scenario(scenario: Scenario) -> list[dict[str, Any]]:
     """Iterate every epoch on this rank; one record per epoch."""
-    loader = odb.ODBLoader(LengthDataset(scenario.lengths), **scenario.options)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    loader, ids_of = build_loader(scenario, rank, world)
     records = []
     for epoch in range(scenario.epochs):
         loader.set_epoch(epoch)
         steps = []
         for batch in loader:
             info = odb.pop_step_info(batch)
-            ids = batch["index"].tolist()
-            assert list(info.sample_ids) == ([] if info.idle else ids), (info.sample_ids, ids)
+            ids = batch["index"].flatten().tolist()
+            if ids_of == "field":
+                ids = [] if info.idle else ids
+            else:
+                assert list(info.sample_ids) == ([] if info.idle else ids), (info.sample_ids, ids)
+                ids = [i if ids_of is None else ids_of[i] for i in info.sample_ids]
             steps.append(
                 dict(
-                    ids=list(info.sample_ids),
+                    ids=ids,
                     idle=info.idle,
                     shape=tuple(batch["input_ids"].shape),
                     local_tokens=info.local_loss_tokens,
@@ -124,6 +193,8 @@ def run_scenario(scenario: Scenario) -> list[dict[str, Any]]:
                     step=info.step,
                 )
             )
+            if rank == 0 and info.step + 1 == scenario.save_step:
+                loader.state_dict()  # rank 0 alone: a collective here would hang the run
         # This rank's piece of the state: its share of the ids carried into the next epoch.
         carry_next = loader.state_dict()["carry_next"]
         records.append(dict(steps=steps, stats=loader.stats(), carry_next=carry_next))

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from bench.soak import COUNTERS, run_soak
+from tests.odb.scenarios import SETUPS
 
 pytestmark = pytest.mark.dist
 
@@ -28,6 +29,9 @@ def test_soak_slice_is_clean() -> None:
     assert len(result["by_world_size"]) == 4
     assert set(result["by_collate_mode"]) == {"thread", "process"}
     assert set(result["by_termination"]) == {"join", "non-join"}
+    # ... including every way of deciding who reads which sample, and rank-0-only saves.
+    assert set(result["by_setup"]) == set(SETUPS), result["by_setup"]
+    assert result["rank0_only_saves"] > 0
 
 
 # Seeds the full soak once failed on, kept as regressions (docs/reliability.md).
