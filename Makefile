@@ -26,9 +26,19 @@ $(STAMP): pyproject.toml | $(PY)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# PATH puts the venv first so rules' `python -m ...` lines use this environment.
+# PATH puts the venv first so rules' `python -m ...` lines use this environment; the CPU
+# path never touches a hub.
 reproduce: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --cores 2
-	@echo "Main job done (CPU-proxy scale so far: data stage). Outputs under results/:"
-	@echo "  results/data/length_stats/<dataset>.json|.png  post-pipeline length statistics"
-	@echo "  results/data/proxies, results/data/assets       proxy datasets, tokenizer, tiny Qwen3-VL"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+		$(VENV)/bin/snakemake --cores 2
+	@echo "Main job done (CPU-proxy scale: tiny model, proxy data; not the paper's GPU numbers)."
+	@echo "  results/paper/REPORT.md                 the report: every table and figure, scale,"
+	@echo "                                          hardware, commit, the paper's numbers beside"
+	@echo "  results/paper/tables/<table>.md|.tex    throughput, quality, cache, budget, depth,"
+	@echo "                                          leverage, policy, join, staleness"
+	@echo "  results/paper/figures/<table>.png       throughput, budget, depth, leverage"
+	@echo "  results/train/<cell>/result.json        one training run per grid cell (+ final/)"
+	@echo "  results/eval/<cell>/<benchmark>.json    val_loss, mmlu, mmmu_mc, mmmu_gen"
+	@echo "  results/cache/<data>.json               GMT/BMT/Sorted/Packing length caches"
+	@echo "  results/data/                           proxies, leverage mixes, assets, length stats"
+	@echo "Rerun one ablation: snakemake --cores 2 ablation_budget (targets: docs/workflow.md)"
