@@ -363,9 +363,9 @@ def build_grid(config: Mapping[str, Any]) -> Grid:
         for spec in _product(block):
             name = grid._add("throughput", grid.cell(spec.pop("data"), spec.pop("method"), **spec))
             cell = grid.cells[name]
+            grid._add("quality", cell)  # validation loss from the run; benchmarks if evaluated
             if cell.method in ev["methods"] and cell.mode in ev["modes"]:
                 grid.evaluated.add(name)
-                grid._add("quality", cell)
             if cell.method in ("gmt", "bmt"):
                 grid._add("cache", cell)
     for name in list(grid.tables.get("cache", [])):  # the ODB run beside each cache user

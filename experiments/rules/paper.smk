@@ -5,6 +5,9 @@
 # nothing is trained for them, and the report lists the missing cells).
 
 rule grid_manifest:
+    input:
+        "experiments/grid.py",
+        "experiments/configs/method/odb.yaml",
     output:
         "results/paper/grid.json",
     log:
