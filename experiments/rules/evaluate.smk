@@ -1,6 +1,7 @@
-# Evaluate each checkpoint of the evaluated cells (config `evaluate`): validation loss on
-# every dataset, MMLU on the text dataset, MMMU-MC and MMMU generated-answer on the
-# multimodal ones. One JSON per (cell, benchmark), schema eval/result.schema.json.
+# Evaluate each checkpoint of the evaluated cells (config `evaluate`): the benchmarks the
+# config lists per kind of dataset (validation loss, MMLU on the text dataset, MMMU-MC
+# and MMMU generated-answer on the multimodal ones). One JSON per (cell, benchmark),
+# schema eval/result.schema.json.
 
 
 rule evaluate:
