@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=DATASET_LABEL[dataset])
     ax.set_xlabel("token budget L_max")
     ax.set_ylabel("ODB samples/s")
-    ax.legend(fontsize=7)
+    if data:
+        ax.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))
 
 

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     left.set(xlabel="outstanding depth D", ylabel="ODB samples/s", xscale="log")
     right.set(xlabel="outstanding depth D", ylabel="pipeline overlap %", xscale="log")
-    left.legend(fontsize=7)
+    if data:
+        left.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))
 
 

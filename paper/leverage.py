@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("length CV")
     ax.set_ylabel("ODB speedup vs Standard")
-    ax.legend(fontsize=7)
+    if data:
+        ax.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))
 
 

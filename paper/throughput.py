@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             cell = [r for r in runs if r["method"] == method]
             tput = mean(r.throughput for r in cell)
             up = mean(speedup(r, got.reference(r)) for r in cell)
-            row[METHOD_LABEL[method]] = "–" if not cell else f"{num(tput)} ({num(up)}x)"
+            row[METHOD_LABEL[method]] = "–" if not cell else f"{num(tput)} ({num(up, 2, 'x')})"
             if cell:
                 data.append(
                     {
@@ -105,7 +105,8 @@ def _figure(args, data: list[dict]) -> None:
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels([f"{DATASET_LABEL[k[0]]}\n{k[1]} {k[2]} {k[3]}N" for k in keys], fontsize=7)
     ax.set_ylabel("speedup vs Standard")
-    ax.legend(fontsize=7, ncol=3)
+    if data:
+        ax.legend(fontsize=7, ncol=3)
     save_figure(fig, figure_path(args, NAME))
 
 
