@@ -113,6 +113,23 @@ def _trainer_state(state_dir: Path | None) -> dict:
     return json.loads((state_dir / _TRAINER_STATE).read_text())
 
 
+def training_config(path: str | Path) -> dict:
+    """The config the run trained with (``trainer_state.json``'s ``config``).
+
+    Raises:
+        FileNotFoundError: the checkpoint has no ``trainer_state.json`` with a config
+            (a plain HF folder, a hub id, or a folder not written by the train entry point).
+    """
+    _, _, state_dir = resolve(path)
+    config = _trainer_state(state_dir).get("config")
+    if not config:
+        raise FileNotFoundError(
+            f"{path} has no trainer_state.json with the run's config (written by "
+            "python -m experiments.train); pass the data settings explicitly instead"
+        )
+    return config
+
+
 def load_checkpoint(
     path: str | Path,
     *,

@@ -60,6 +60,10 @@ class ValLossConfig(_Common):
     Attributes:
         checkpoint: checkpoint folder, model/adapter folder, HF folder or hub id.
         out: result JSON path.
+        data_from_run: take the data settings (dataset, source, hub subset and split,
+            image folder, cutoff, pixel budget, held-out split) from the ``data`` section
+            of the training run's ``trainer_state.json``: the same dataset and pipeline
+            the run trained on, exactly. The data fields below must then stay unset.
         dataset: record schema of the training data (as ``DataConfig.dataset``).
         source: the training data (local file/folder or hub id), as in training.
         holdout_samples: size of the held-out split: the last records, as in training.
@@ -76,6 +80,7 @@ class ValLossConfig(_Common):
         ValueError: holdout_samples must be >= 1, got 0
     """
 
+    data_from_run: bool = False
     dataset: str = "mmmix"
     source: str = ""
     holdout_samples: int = 0
@@ -88,8 +93,16 @@ class ValLossConfig(_Common):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice("dataset", self.dataset, VAL_LOSS_DATASETS)
-        _check_text("source", self.source)
-        _check_int("holdout_samples", self.holdout_samples, 1)
+        if self.data_from_run:
+            if self.source or self.holdout_samples:
+                raise ValueError(
+                    "data_from_run reads the data settings from the run's trainer_state.json; "
+                    f"leave source ({self.source!r}) and holdout_samples "
+                    f"({self.holdout_samples}) unset"
+                )
+        else:
+            _check_text("source", self.source)
+            _check_int("holdout_samples", self.holdout_samples, 1)
         _check_int("max_samples", self.max_samples, 0)
         _check_int("token_budget", self.token_budget, 1)
         _check_int("image_max_pixels", self.image_max_pixels, 1)

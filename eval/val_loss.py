@@ -206,16 +206,19 @@ def run(cfg) -> dict:
     model, tokenizer, _, meta = load_checkpoint(
         cfg.checkpoint, dtype=cfg.torch_dtype, device=cfg.device
     )
-    data_cfg = DataConfig(
-        cfg.dataset,
-        cfg.source,
-        cfg.processor or meta.processor,
-        cutoff_len=cfg.cutoff_len,
-        image_max_pixels=cfg.image_max_pixels,
-        max_samples=cfg.max_samples,
-        holdout_samples=cfg.holdout_samples,
-        holdout=True,
-    )
+    if cfg.data_from_run:
+        data_cfg = _run_data_config(cfg.checkpoint)
+    else:
+        data_cfg = DataConfig(
+            cfg.dataset,
+            cfg.source,
+            cfg.processor or meta.processor,
+            cutoff_len=cfg.cutoff_len,
+            image_max_pixels=cfg.image_max_pixels,
+            max_samples=cfg.max_samples,
+            holdout_samples=cfg.holdout_samples,
+            holdout=True,
+        )
     dataset = PreprocessedDataset(data_cfg)
     out = validation_loss(
         model,
@@ -229,7 +232,7 @@ def run(cfg) -> dict:
         config=cfg,
         meta=meta,
         model=model,
-        task=f"val_loss_{cfg.dataset}",
+        task=f"val_loss_{data_cfg.dataset}",
         split="holdout",
         shots=0,
         chat_template=True,
@@ -238,12 +241,26 @@ def run(cfg) -> dict:
         accuracy=None,
         per_category={},
         metrics=out | {"fingerprint": dataset.fingerprint()},
-        source=cfg.source,
+        source=data_cfg.source,
         local_data=data_files(data_cfg) is not None,
         started=started,
     )
     write_result(record, cfg.out)
     return record
+
+
+def _run_data_config(checkpoint: str):
+    """The training run's own data settings, reading its held-out split."""
+    from eval.checkpoint import training_config
+    from experiments.data.pipeline import DataConfig
+
+    data = dict(training_config(checkpoint)["data"])
+    if not data.get("holdout_samples"):
+        raise ValueError(
+            f"the run of {checkpoint} held out no samples (data.holdout_samples=0): it has "
+            "no validation split; pass --source and --holdout-samples explicitly"
+        )
+    return DataConfig(**{**data, "holdout": True})
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -254,9 +271,14 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True, help="result JSON path")
-    parser.add_argument("--dataset", required=True, choices=VAL_LOSS_DATASETS)
-    parser.add_argument("--source", required=True, help="the training data, as in training")
-    parser.add_argument("--holdout-samples", type=int, required=True)
+    parser.add_argument(
+        "--data-from-run",
+        action="store_true",
+        help="take every data setting from the run's trainer_state.json",
+    )
+    parser.add_argument("--dataset", default="mmmix", choices=VAL_LOSS_DATASETS)
+    parser.add_argument("--source", default="", help="the training data, as in training")
+    parser.add_argument("--holdout-samples", type=int, default=0)
     parser.add_argument("--max-samples", type=int, default=0)
     parser.add_argument("--token-budget", type=int, default=16384)
     parser.add_argument("--image-max-pixels", type=int, default=768 * 768)

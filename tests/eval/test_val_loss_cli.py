@@ -43,3 +43,60 @@ def test_config_errors_name_the_value() -> None:
         ValLossConfig("c", "o.json", dataset="mmmix", source="s", holdout_samples=0)
     with pytest.raises(ValueError, match="dataset must be one of"):
         ValLossConfig("c", "o.json", dataset="coco", source="s", holdout_samples=2)
+
+
+def test_data_from_run_scores_the_runs_own_heldout_split(
+    full_checkpoint, proxy_dir, model_dir, tmp_path
+) -> None:
+    import dataclasses
+    import shutil
+
+    from tests.eval.conftest import heldout_config
+
+    run = tmp_path / "run" / "final"
+    shutil.copytree(full_checkpoint, run)
+    data = dataclasses.asdict(heldout_config(proxy_dir, model_dir)) | {"holdout": False}
+    (run / "trainer_state.json").write_text(
+        json.dumps({"run_id": "r", "global_step": 1, "config": {"data": data}})
+    )
+    from_run = val_loss.main(
+        [
+            "--checkpoint",
+            str(run),
+            "--out",
+            str(tmp_path / "a.json"),
+            "--data-from-run",
+            "--token-budget",
+            "4096",
+        ]
+    )
+    explicit = val_loss.main(
+        [
+            "--checkpoint",
+            str(run),
+            "--out",
+            str(tmp_path / "b.json"),
+            "--source",
+            str(proxy_dir),
+            "--holdout-samples",
+            str(HOLDOUT_SAMPLES),
+            "--image-max-pixels",
+            str(MAX_PIXELS),
+            "--token-budget",
+            "4096",
+        ]
+    )
+    assert from_run["metrics"]["loss"] == pytest.approx(explicit["metrics"]["loss"], rel=1e-9)
+    assert from_run["items_scored"] == HOLDOUT_SAMPLES
+    with pytest.raises(FileNotFoundError, match="no trainer_state.json with the run's config"):
+        val_loss.main(
+            [
+                "--checkpoint",
+                str(full_checkpoint),
+                "--out",
+                str(tmp_path / "c.json"),
+                "--data-from-run",
+            ]
+        )
+    with pytest.raises(ValueError, match="leave source"):
+        ValLossConfig("c", "o.json", data_from_run=True, source="s")
