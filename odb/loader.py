@@ -32,12 +32,14 @@ from odb.comm import open_rendezvous
 from odb.config import ODBConfig
 from odb.detect import declared_shard
 from odb.engine import EpochJob, SampleMeter
-from odb.resume import LoaderState, StatePiece, check_pieces, merge_pieces, parse_pieces
+from odb.ledger import Ledger
+from odb.progress import EpochProgress
+from odb.resume import parse_pieces
 from odb.runner import CollateRunner, CollateSpec
 from odb.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
 from odb.sources import is_stream
 from odb.startup import main_guard_error, unguarded_main_line
-from odb.step_info import STEP_INFO_KEY, StepInfo
+from odb.step_info import STEP_INFO_KEY
 
 
 class ODBLoader:
@@ -121,35 +123,29 @@ class ODBLoader:
         self.world_size = 1 if self._rendezvous is None else self._rendezvous.world_size
         self._stream = is_stream(dataset)
         self._shard = self._resolve_shard()
-        self.epoch = 0
+        self._ledger = Ledger(
+            self.rank,
+            self.world_size,
+            self._shard,
+            self.config.num_workers,
+            None if self._stream else len(dataset),
+            seed=self.config.seed,
+            shuffle=self.config.shuffle,
+        )
+        self._progress = EpochProgress()
         self._iterations = 0
-        self._carry: list[int] = []
-        self._carry_samples: list[tuple[int, Any]] = []  # a stream's non-join carry
-        self._steps = 0
-        self._real_tokens = 0
-        self._last_info: StepInfo | None = None
-        self._last_epoch_steps: int | None = None
         self._last_stats: dict[str, float | int] = {}
-        self._emitted_global = 0
-        self._epoch_total = 0
-        self._resume: LoaderState | None = None
-        # Exactly-once ledger of the current epoch (see odb/resume.py): the epoch last
-        # iterated (None: none since construction or load), this rank's share of the
-        # restored state it continued, what it read as carry and what it yielded.
-        self._restored: LoaderState | None = None
-        self._iter_epoch: int | None = None
-        self._base = LoaderState(0, None, 0, False)
-        self._carry_in: list[int] = []
-        self._consumed: list[int] = []
-        self._epoch_done = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs (or continues, after a restore)."""
+        return self._ledger.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose seeded order the next ``iter()`` uses (call on every rank)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        if self._resume is not None and self._resume.epoch != epoch:
-            self._resume = None  # the restored epoch is skipped: start the new one fresh
-        self.epoch = epoch
+        self._ledger.set_epoch(epoch)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
@@ -211,15 +207,7 @@ class ODBLoader:
                 "progress() needs a dataset with a length; a stream's size is "
                 "unknown until it ends (use stats()['steps'] of past epochs)"
             )
-        total = self._total()
-        if not total:
-            return 0.0
-        return min(self._emitted_global / total, 1.0)
-
-    def _total(self) -> int:
-        """The epoch's samples over all ranks (with per-rank data, as the ranks reported)."""
-        info = self._last_info
-        return info.epoch_samples if info is not None and info.epoch_samples else self._epoch_total
+        return self._progress.fraction()
 
     def estimate_steps(self) -> int | None:
         """Estimated steps of the current epoch, for schedulers; None before any evidence.
@@ -231,11 +219,9 @@ class ODBLoader:
         than ``k``. Before the first step (and for streams, whose size is unknown) the
         last epoch's step count. Measured error: ``docs/resume.md``.
         """
-        info = self._last_info
-        if self._stream or info is None or not info.epoch_read_samples or not self._real_tokens:
-            return self._last_epoch_steps
-        total_tokens = self._total() * info.epoch_read_tokens / info.epoch_read_samples
-        return max(self._steps, round(total_tokens / (self._real_tokens / self._steps)))
+        if self._stream:
+            return self._progress.last_epoch_steps
+        return self._progress.estimate_steps()
 
     def stats(self) -> dict[str, float | int]:
         """Metrics of the last finished epoch, plus the trainer's data-wait time."""
@@ -254,34 +240,7 @@ class ODBLoader:
             >>> piece = loader.state_dict()                      # doctest: +SKIP
             >>> torch.save(piece, f"ckpt/loader_rank{rank}.pt")  # doctest: +SKIP
         """
-        piece = StatePiece(
-            self.rank, self.world_size, self._shard, self.config.num_workers, self._share()
-        )
-        return piece.to_dict()
-
-    def _share(self) -> LoaderState:
-        """This rank's share of the epoch's ledger (see :mod:`odb.resume`)."""
-        cfg = self.config
-        size = None if self._stream else len(self.dataset)
-        if self._resume is not None:  # restored, not iterated yet
-            return self._my_part(self._resume)
-        if self._iter_epoch is None:  # a fresh epoch not started yet, with its carry
-            return LoaderState(self.epoch, size, cfg.seed, cfg.shuffle, tuple(self._carry))
-        base = self._base
-        return LoaderState(
-            self._iter_epoch,
-            size,
-            cfg.seed,
-            cfg.shuffle,
-            base.carry_in + tuple(self._carry_in),
-            base.consumed + tuple(self._consumed),
-            self._epoch_done,
-            tuple(self._carry) if self._epoch_done else (),
-        )
-
-    def _my_part(self, state: LoaderState) -> LoaderState:
-        """This rank's part of a restored state: a share of a global one, or its own."""
-        return state.share(self.rank, self.world_size) if self._shard == "odb" else state
+        return self._ledger.piece().to_dict()
 
     def load_state_dict(self, state_dict: list[dict[str, Any]] | dict[str, Any]) -> None:
         """Restore from the pieces of every rank's :meth:`state_dict`, in any order.
@@ -296,99 +255,24 @@ class ODBLoader:
             ValueError: Pieces are missing (the message names their ranks), come from
                 different checkpoints, or the dataset or seed does not match.
         """
-        state = self._merge(parse_pieces(state_dict))
-        if self._stream:
-            self._check_stream_state(state)
-        elif state.num_samples != len(self.dataset):
-            raise ValueError(
-                f"loader state was saved for {state.num_samples} samples but the "
-                f"dataset has {len(self.dataset)}; resume with the same dataset"
-            )
-        if (state.seed, state.shuffle) != (self.config.seed, self.config.shuffle):
-            raise ValueError(
-                f"loader state has seed={state.seed}, shuffle={state.shuffle} but "
-                f"this loader has seed={self.config.seed}, shuffle="
-                f"{self.config.shuffle}; build the loader with the saved settings"
-            )
-        self._iter_epoch = None
-        if state.epoch_done:
-            self.epoch, self._resume = state.epoch + 1, None
-            self._carry = list(self._my_part(state).carry_next)
-        else:
-            self.epoch, self._resume, self._carry = state.epoch, state, []
-
-    def _merge(self, pieces: list[StatePiece]) -> LoaderState:
-        """The state this rank resumes from: all pieces merged, or its own (per-rank data)."""
-        saved = pieces[0]
-        if saved.shard != self._shard:
-            raise ValueError(
-                f"loader state was saved with shard={saved.shard!r} but this loader "
-                f"resolved shard={self._shard!r}; build it with the saved shard setting"
-            )
-        if self._shard in ("worker", "rank_worker") and saved.num_workers != (
-            self.config.num_workers
-        ):
-            raise ValueError(
-                f"this stream numbers its items per DataLoader worker and the state was saved "
-                f"with num_workers={saved.num_workers}; resume with num_workers="
-                f"{saved.num_workers} (this loader has {self.config.num_workers})"
-            )
-        if self._shard == "odb":
-            return merge_pieces(pieces)
-        if saved.world_size != self.world_size:
-            raise ValueError(
-                f"loader state comes from a {saved.world_size}-rank run with per-rank data "
-                f"(shard={self._shard!r}); each rank's samples are its own, so it resumes "
-                f"only at world size {saved.world_size}, not {self.world_size}"
-            )
-        check_pieces(pieces, need=[self.rank])
-        return next(piece.state for piece in pieces if piece.rank == self.rank)
-
-    def _check_stream_state(self, state: LoaderState) -> None:
-        if state.num_samples is not None:
-            raise ValueError(
-                "loader state was saved for a map-style dataset of "
-                f"{state.num_samples} samples, but this loader reads a stream"
-            )
-        if state.carry_in or state.carry_next:
-            raise ValueError(
-                "a non-join stream checkpoint holds carried samples, which a "
-                "stream cannot re-read by position; checkpoint streams in join "
-                "mode, or at an epoch boundary with nothing carried"
-            )
+        self._ledger.load(parse_pieces(state_dict))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._restored, self._resume = self._resume, None
-        self._iter_epoch = self.epoch if self._restored is None else self._restored.epoch
-        self._base = (
-            LoaderState(self._iter_epoch, None, 0, False)
-            if self._restored is None
-            else self._my_part(self._restored)
-        )
-        self._consumed, self._epoch_done, self._steps = [], False, 0
-        self._real_tokens, self._last_info = 0, None
-        self._emitted_global = len(self._restored.consumed) if self._restored else 0
         job = self._stream_job() if self._stream else self._map_job()
-        self._carry, self._carry_samples = [], []
         self._iterations += 1
         runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
         return self._drive(runner)
 
     def _map_job(self) -> EpochJob:
-        cfg = self.config
-        epoch = self._iter_epoch if self._iter_epoch is not None else self.epoch
-        order = self._epoch_order(epoch)
-        dealt = self._shard == "odb"
-        if self._restored is not None:
-            owed = self._restored.remaining(order)
-            view, self._carry_in = owed[self.rank :: self.world_size] if dealt else owed, []
-        else:
-            fresh = order[self.rank :: self.world_size] if dealt else order
-            view, self._carry_in = self._carry + fresh, self._carry
-        self._epoch_total = len(order)
+        order = self._epoch_order(self.epoch)
+        view = self._ledger.begin_map(order)
+        self._progress.begin(len(order), self._ledger.restored_consumed)
         meet = meet_row(self._shard, len(self.dataset), order) if self.world_size > 1 else []
+        return self._job(view, meet=meet)
+
+    def _job(self, view: list[int] | None, **fields: Any) -> EpochJob:
         return EpochJob(
-            cfg, self.epoch, self.rank, self.world_size, view, shard=self._shard, meet=meet
+            self.config, self.epoch, self.rank, self.world_size, view, shard=self._shard, **fields
         )
 
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -407,21 +291,10 @@ class ODBLoader:
         return order
 
     def _stream_job(self) -> EpochJob:
-        skip = self._restored.skip_set() if self._restored is not None else frozenset()
-        self._carry_in = [index for index, _ in self._carry_samples]
-        self._epoch_total = 0  # a stream's length is unknown until it ends
+        skip, carried = self._ledger.begin_stream()
+        self._progress.begin(0)  # a stream's length is unknown until it ends
         meet = meet_row(self._shard, None, None) if self.world_size > 1 else []
-        return EpochJob(
-            self.config,
-            self.epoch,
-            self.rank,
-            self.world_size,
-            None,
-            skip,
-            list(self._carry_samples),
-            shard=self._shard,
-            meet=meet,
-        )
+        return self._job(None, skip=skip, carried=carried, meet=meet)
 
     def _drive(self, runner: CollateRunner) -> Iterator[dict[str, Any]]:
         wait_s = 0.0
@@ -435,21 +308,17 @@ class ODBLoader:
                 if self._pin:
                     batch = _pinned(batch)
                 info = batch[STEP_INFO_KEY]
-                self._steps += 1
-                self._real_tokens += info.global_real_tokens
-                self._last_info = info
-                self._emitted_global += info.global_samples
-                self._consumed.extend(info.sample_ids)
+                self._progress.record(info)
+                self._ledger.record(info.sample_ids)
                 yield batch
         finally:
             runner.close()
-        assert runner.result is not None
-        self._carry = list(runner.result.carry)
-        self._carry_samples = list(runner.result.carried_samples)
-        self._epoch_done = True
-        self._last_epoch_steps = self._steps
+        result = runner.result
+        assert result is not None
+        self._ledger.finish(result.carry, result.carried_samples)
+        self._progress.finish()
         self._last_stats = dict(
-            runner.result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(self._carry)
+            result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(result.carry)
         )
 
 
