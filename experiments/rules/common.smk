@@ -70,12 +70,9 @@ def _eval_args(wildcards):
     ev = config["evaluate"]
     args = [ev["args"][wildcards.benchmark], ev["device_args"]]
     if wildcards.benchmark == "val_loss":
-        d = GRID.data_args(GRID.cells[wildcards.cell].data)
-        args += [f"--dataset {d['dataset']} --source {d['source']}",
-                 f"--holdout-samples {d['holdout_samples']} --max-samples {d['max_samples']}",
-                 f"--token-budget {GRID.cells[wildcards.cell].budget}",
-                 f"--image-max-pixels {d['image_max_pixels']} --cutoff-len {d['cutoff_len']}",
-                 f"--processor {d['processor']}"]
+        # the run's own data settings (hub subset/split, image folder, cutoff, held-out
+        # split) from its trainer_state.json: exactly the data it trained on
+        args.append(f"--data-from-run --token-budget {GRID.cells[wildcards.cell].budget}")
     return " ".join(a for a in args if a)
 
 
