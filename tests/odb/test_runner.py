@@ -7,9 +7,11 @@ over epochs. The slab writer and reader alone: ``tests/odb/test_handoff.py``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
+import queue
 import subprocess
 import sys
 import time
@@ -20,14 +22,15 @@ import pytest
 import torch
 
 import odb
+import odb.diagnostics as diagnostics
 import odb.handoff as handoff
-import odb.runner as runner
 from odb.collate import PadCollate
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
-from odb.runner import CollateRunner, CollateSpec
+from odb.runner import CollateSpec
 from odb.sources import _InlinePickler
 from odb.step_info import StepInfo
+from odb.transport import ProcessTransport
 from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
 
 
@@ -177,11 +180,13 @@ def test_a_clean_collate_process_exits_with_code_zero() -> None:
     config = ODBConfig(token_budget=24, num_workers=1)
     spec = CollateSpec(KeyedDataset(50), PadCollate(), SampleMeter(config))
     job = EpochJob(config, 0, 0, 1, list(range(50)))
-    run = CollateRunner(spec, job, None, "test/")
-    while run.next_batch() is not None:
-        pass
-    run.close()
-    assert run._worker.exitcode == 0 and run.result is not None
+    side = ProcessTransport("the test's collate process", spec, job, None, "test/")
+    kind = "step"
+    while kind == "step":  # the transport alone: messages until the epoch's last
+        with contextlib.suppress(queue.Empty):
+            kind, _ = side.receive(timeout_s=1.0)
+    side.close(timeout_s=5.0)
+    assert kind == "end" and side.exitcode == 0
 
 
 @pytest.mark.timeout(90)
@@ -209,14 +214,14 @@ def test_describe_descendants_names_each_process_and_its_wait() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         deadline = time.monotonic() + 10
-        text = runner.describe_descendants(os.getpid())
+        text = diagnostics.describe_descendants(os.getpid())
         while f"{child.pid} " not in text and time.monotonic() < deadline:
             time.sleep(0.05)
-            text = runner.describe_descendants(os.getpid())
+            text = diagnostics.describe_descendants(os.getpid())
         entry = next(e for e in text.split("; ") if e.startswith(f"{child.pid} "))
         # "<pid> <name> (<state>, <kernel wait channel>)"
         assert entry.endswith(")") and "(" in entry and ", " in entry, entry
     finally:
         child.kill()
         child.wait()
-    assert runner.describe_descendants(None) == "unknown (no /proc)"
+    assert diagnostics.describe_descendants(None) == "unknown (no process)"

@@ -1,0 +1,372 @@
+"""The collate side: the body that runs in a collate process (or thread) for one epoch.
+
+It owns the DataLoader whose workers run the user's dataset with a null collate (one
+``(index, sample)`` per item, public ``torch.utils.data`` API only), runs
+:func:`odb.engine.run_epoch`, and puts every outcome on a bounded queue as one message:
+``("step", batch)``, ``("end", result)`` or ``("error", packed)``. How the queue crosses
+to the trainer is the transport's business (:mod:`odb.transport`); what the trainer
+does with the messages, the runner's (:mod:`odb.runner`). Failure contract:
+``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
+from odb.diagnostics import remove_shm_of
+from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
+from odb.handoff import SlabWriter
+from odb.sources import idle_template, open_samples
+
+# How often the collate side re-checks a full queue for a trainer that stopped listening
+# (and the trainer re-checks a silent collate side).
+POLL_S = 0.1
+# How often a collate process checks that its trainer is still alive.
+_WATCHDOG_S = 0.5
+# A collate process still running this long after the trainer stopped it (stuck in the
+# dataset or a collective) kills its workers and exits.
+_STOP_GRACE_S = 2.0
+
+
+@dataclass
+class CollateSpec:
+    """The user's parts the collate side runs (must be picklable in process mode)."""
+
+    dataset: Any
+    collate_fn: Callable[[list[Any]], Any]
+    meter: SampleMeter
+    worker_init_fn: Callable[[int], None] | None = None
+
+
+class Heartbeat:
+    """A counter the collate side bumps whenever it makes progress; the trainer reads it.
+
+    In process mode the counter is a one-element shared-memory tensor (its file
+    descriptor is released with the runner; nothing is left in ``/dev/shm``).
+    """
+
+    def __init__(self, shared: bool) -> None:
+        self.count = torch.zeros(1, dtype=torch.int64)
+        if shared:
+            self.count.share_memory_()
+
+    def beat(self) -> None:
+        self.count.add_(1)
+
+    def value(self) -> int:
+        return int(self.count[0])
+
+
+class _BeatingGroup(AlignmentGroup):
+    """The alignment group, beating after every completed collective."""
+
+    def __init__(self, rendezvous: Rendezvous | None, prefix: str, heartbeat: Heartbeat) -> None:
+        super().__init__(rendezvous, prefix)
+        self.heartbeat = heartbeat
+
+    def gather_status(self, row: list[int]) -> list[list[int]]:
+        rows = super().gather_status(row)
+        self.heartbeat.beat()
+        return rows
+
+    def sum_counts(self, counts: list[int]) -> list[int]:
+        totals = super().sum_counts(counts)
+        self.heartbeat.beat()
+        return totals
+
+    def gather_indices(self, mine: list[int]) -> list[list[int]]:
+        lists = super().gather_indices(mine)
+        self.heartbeat.beat()
+        return lists
+
+
+def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Iterator[Any]:
+    """The samples, beating on each; names a worker that died mid-transfer.
+
+    A DataLoader worker killed while it hands over a sample can surface as a bare
+    ``EOFError``/``ConnectionError`` (the pipe or the shared-memory handshake breaks
+    before the worker is seen dead). Errors of the user's dataset reach this point
+    wrapped by the DataLoader ("Caught ... in DataLoader worker"), so they pass as is.
+    """
+    while True:
+        try:
+            item = next(samples)
+        except StopIteration:
+            return
+        except (EOFError, ConnectionError) as exc:
+            if job.config.num_workers == 0 or str(exc).startswith("Caught "):
+                raise
+            raise RuntimeError(
+                f"a DataLoader worker of rank {job.rank} exited unexpectedly while handing "
+                f"over a sample ({type(exc).__name__}: {exc}); was it killed (OOM killer, "
+                "signal)?"
+            ) from exc
+        heartbeat.beat()
+        yield item
+
+
+def collate_main(
+    spec: CollateSpec,
+    job: EpochJob,
+    rendezvous: Rendezvous | None,
+    prefix: str,
+    out: Any,
+    stop: Any,
+    heartbeat: Heartbeat | None = None,
+    encoder: SlabWriter | None = None,
+) -> None:
+    """Body of the collate side; every outcome ends as one message on ``out``.
+
+    With an ``encoder`` (process mode) messages are pickled here, so a batch that cannot
+    cross the process boundary fails as an error the trainer sees, instead of being
+    dropped by the queue's feeder thread.
+    """
+    heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
+    group: AlignmentGroup | None = None
+    workers: list[Any] = []
+    try:
+        # Workers start (fork) before the group exists, so they hold no copy of its
+        # sockets: a dead collate process then closes its connections at once.
+        known = set(multiprocessing.active_children())
+        samples = _beating(_open(spec, job), heartbeat, job)
+        workers = [p for p in multiprocessing.active_children() if p not in known]
+        group = _BeatingGroup(rendezvous, prefix, heartbeat)
+        heartbeat.beat()
+        result = _run(spec, job, samples, group, heartbeat, _Outbox(out, stop, encoder))
+        group.close()
+        _put(out, ("end", result), stop, encoder)
+    except _Stopped:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
+        _silence_sigchld()
+        packed = _pack_error(exc)
+        if group is not None:
+            # Tell the peers who failed first, then leave the group: their collectives
+            # fail at once instead of waiting out align_timeout_s.
+            if not isinstance(exc, AlignmentTimeoutError):
+                group.report_failure(packed[1])
+            group.close()
+        # Frames of the traceback keep the DataLoader iterator (and its workers) alive.
+        traceback.clear_frames(exc.__traceback__)
+        del exc
+        _put(out, ("error", packed), stop, encoder)
+        for pid in _killed_children(workers):
+            remove_shm_of(pid)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _open(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
+    """This rank's samples of the epoch (starts the DataLoader workers)."""
+    return open_samples(
+        spec.dataset,
+        job.config,
+        job.rank,
+        job.world_size,
+        job.view,
+        job.skip,
+        job.shard,
+        spec.worker_init_fn,
+    )
+
+
+@dataclass
+class _Outbox:
+    """The bounded queue to the trainer, as the round loop sees it."""
+
+    out: Any
+    stop: Any
+    encoder: SlabWriter | None
+
+    def emit(self, batch: Any) -> None:
+        if not _put(self.out, ("step", batch), self.stop, self.encoder):
+            raise _Stopped
+
+    def free_slots(self, depth: int) -> int:
+        try:
+            return max(depth - self.out.qsize(), 0)
+        except NotImplementedError:  # macOS: qsize is unavailable
+            return 0
+
+
+def _run(
+    spec: CollateSpec,
+    job: EpochJob,
+    samples: Iterator[Any],
+    group: AlignmentGroup,
+    heartbeat: Heartbeat,
+    outbox: _Outbox,
+) -> EpochResult:
+    """One epoch of the round loop, beating on every emitted step and collated group."""
+
+    def emit(batch: Any) -> None:
+        heartbeat.beat()
+        outbox.emit(batch)
+
+    def collate_fn(group_samples: list[Any]) -> Any:
+        heartbeat.beat()
+        return spec.collate_fn(group_samples)
+
+    return run_epoch(
+        job,
+        samples,
+        group,
+        collate_fn,
+        spec.meter,
+        idle_template(spec.dataset),
+        emit,
+        lambda: outbox.free_slots(job.config.queue_depth),
+    )
+
+
+def _silence_sigchld() -> None:
+    """Keep the DataLoader's SIGCHLD handler from raising into the error report.
+
+    In the collate process's main thread the DataLoader installs a SIGCHLD handler that
+    raises when a worker dies; a second raise while the first error is being reported
+    would end the process before the report is sent. Retried, because a pending signal
+    can fire again on the way in. No-op in a thread (the handler is main-thread only).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for _ in range(10):
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            return
+        except BaseException:  # noqa: BLE001, S112 - raised by the pending handler itself
+            continue
+
+
+def _killed_children(children: list[Any]) -> list[int]:
+    """Pids of ``children`` (multiprocessing processes) that a signal ended."""
+    return [p.pid for p in children if p.exitcode is not None and p.exitcode < 0]
+
+
+class _Stopped(Exception):
+    """The trainer closed the iterator; the collate side ends quietly."""
+
+
+def _put(out: Any, message: Any, stop: Any, encoder: SlabWriter | None) -> bool:
+    """Put unless the trainer stopped listening; False when the message was not sent.
+
+    Never gives up while the trainer listens: a dropped message (an error above all)
+    would leave the trainer waiting for a collate side that has nothing more to say.
+    """
+    if stop.is_set():
+        return False
+    if encoder is not None:
+        message = encoder.encode(message, stop)
+        if message is None:
+            return False
+    while not stop.is_set():
+        try:
+            out.put(message, timeout=POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str]:
+    text = "".join(traceback.format_exception(exc))
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - an unpicklable exception still travels as text
+        blob = None
+    return blob, f"{type(exc).__name__}: {exc}", text
+
+
+def process_entry(
+    boot: Connection,
+    ready: Any,
+    out: Any,
+    stop: Any,
+    parent_pid: int,
+    heartbeat: Heartbeat,
+    start_method: str,
+    returns: Connection,
+    slots: int,
+) -> None:
+    # Ctrl-C reaches the whole foreground process group; the trainer handles it and
+    # stops this process through the iterator's cleanup.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # DataLoader workers start the way they would in the trainer (a spawned child
+    # otherwise defaults to spawn, whatever the trainer uses).
+    multiprocessing.set_start_method(start_method, force=True)
+    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    # The handshake (odb/startup.py): the user's parts arrive after the start.
+    spec, job, rendezvous, prefix = pickle.loads(boot.recv_bytes())
+    boot.close()
+    ready.set()
+    encoder = SlabWriter(returns, slots)
+    collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder)
+    # Stay alive until the trainer has taken everything: new slabs (and batches too big
+    # for one) travel as shared-memory file descriptors this process must hand over.
+    stop.wait()
+    out.cancel_join_thread()
+    atexit.register(_skip_teardown)
+
+
+def _skip_teardown() -> None:
+    """End a collate process that finished cleanly without the interpreter's teardown.
+
+    Registered last, so it is the first exit hook to run: after multiprocessing's own
+    exit work (finalizers, joining children, flushing std streams), and instead of
+    tearing down the interpreter, which took 0.3-0.5 s per epoch with torch loaded. A
+    forked child (every DataLoader worker) ends the same way.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def _watchdog(parent_pid: int, stop: Any) -> None:
+    """End this collate process when its trainer is gone, or stopped it and it is stuck.
+
+    Either way its DataLoader workers are killed first: a worker stuck in the user's
+    ``__getitem__`` would otherwise outlive it until the call returns.
+    """
+    stopped_at = None
+    while True:
+        time.sleep(_WATCHDOG_S)
+        if os.getppid() != parent_pid:
+            _exit_now()
+        if stopped_at is None and stop.is_set():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
+            _exit_now()
+
+
+def _exit_now() -> None:
+    for child in multiprocessing.active_children():
+        try:
+            child.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    os._exit(1)
+
+
+def trainer_start_method() -> str:
+    # allow_none: reading the default must not fix it for the user's program.
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]

@@ -1,0 +1,212 @@
+"""How the collate side's messages reach the trainer: a collate process, or a thread.
+
+Both transports start :func:`odb.collate_side.collate_main` for one epoch and offer the
+same small surface (:class:`Transport`) to :class:`odb.runner.CollateRunner`, which owns
+the lifecycle (deadlines, stall detection, the error contract) on top of it.
+
+- :class:`ProcessTransport`: a spawned collate process; the user's parts arrive after
+  the start through the start-up handshake (:mod:`odb.startup`); batches cross through
+  reusable shared-memory slabs (:mod:`odb.handoff`).
+- :class:`ThreadTransport`: a daemon thread in the trainer, batches passed as they are
+  (for debugging and ``num_workers=0``; the same semantics).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Protocol
+
+import torch.multiprocessing as mp
+
+from odb.collate_side import (
+    POLL_S,
+    CollateSpec,
+    Heartbeat,
+    collate_main,
+    process_entry,
+    trainer_start_method,
+)
+from odb.comm import Rendezvous
+from odb.diagnostics import death_message, remove_shm_of
+from odb.engine import EpochJob
+from odb.handoff import SlabReader
+from odb.startup import main_guard_error, send_boot, unguarded_main_line
+
+
+class Transport(Protocol):
+    """What a runner needs from the collate side it started."""
+
+    where: str  # "the ODB collate process of rank 1", for messages
+    root_name: str  # what root_pid() is, for messages
+    heartbeat: Heartbeat
+
+    def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
+        """The next message; raises ``queue.Empty`` after ``timeout_s`` without one."""
+
+    def is_alive(self) -> bool:
+        """Whether the collate side still runs."""
+
+    def started(self) -> bool:
+        """Whether the collate side has confirmed its start (has the user's parts)."""
+
+    def root_pid(self) -> int:
+        """The process whose descendants run the collate side (for diagnostics)."""
+
+    def death_message(self) -> str:
+        """Why the collate side is gone."""
+
+    def close(self, timeout_s: float) -> None:
+        """Stop it; wait ``timeout_s``, then kill what can be killed. Called once."""
+
+
+class ThreadTransport:
+    """The collate side in a daemon thread of the trainer."""
+
+    def __init__(
+        self,
+        where: str,
+        spec: CollateSpec,
+        job: EpochJob,
+        rendezvous: Rendezvous | None,
+        prefix: str,
+    ) -> None:
+        self.where, self.root_name = where, "the trainer"
+        self.heartbeat = Heartbeat(shared=False)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=job.config.queue_depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=collate_main,
+            name=f"odb-collate-rank{job.rank}",
+            daemon=True,
+            args=(spec, job, rendezvous, prefix, self._queue, self._stop, self.heartbeat),
+        )
+        self._thread.start()
+
+    def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
+        return self._queue.get(timeout=timeout_s)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def started(self) -> bool:
+        return True
+
+    def root_pid(self) -> int:
+        return os.getpid()
+
+    def death_message(self) -> str:
+        return f"{self.where} ended without a word"
+
+    def close(self, timeout_s: float) -> None:
+        # A thread blocked in a collective cannot be interrupted: it ends when the
+        # collective does (at the latest after align_timeout_s).
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+
+class ProcessTransport:
+    """The collate side in a spawned process, batches through shared-memory slabs."""
+
+    def __init__(
+        self,
+        where: str,
+        spec: CollateSpec,
+        job: EpochJob,
+        rendezvous: Rendezvous | None,
+        prefix: str,
+    ) -> None:
+        unguarded = unguarded_main_line()
+        if unguarded is not None:
+            raise main_guard_error(unguarded)
+        self.where, self.root_name = where, "the collate process"
+        self.heartbeat = Heartbeat(shared=True)
+        ctx = mp.get_context("spawn")
+        depth = job.config.queue_depth
+        self._queue: Any = ctx.Queue(maxsize=depth)
+        self._stop: Any = ctx.Event()
+        self._ready: Any = ctx.Event()
+        returns, returns_here = ctx.Pipe(duplex=False)
+        boot_in, boot_out = ctx.Pipe(duplex=False)
+        slots = depth + 2
+        self._process: Any = ctx.Process(
+            target=process_entry,
+            name=f"odb-collate-rank{job.rank}",
+            args=(
+                boot_in,
+                self._ready,
+                self._queue,
+                self._stop,
+                os.getpid(),
+                self.heartbeat,
+                trainer_start_method(),
+                returns,
+                slots,
+            ),
+        )
+        self._slabs = SlabReader(returns_here, slots)
+        self._process.start()
+        returns.close()  # the collate process holds its own end
+        boot_in.close()
+        send_boot(boot_out, (spec, job, rendezvous, prefix))
+
+    def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
+        """The next message; a batch arrives as ``("step", batch)`` as in a thread."""
+        try:
+            data = self._queue.get(timeout=timeout_s)
+            message = ForkingPickler.loads(data)
+            if message[0] == "slab":
+                message = ("step", self._slabs.decode(*message[1]))
+            return message
+        except queue.Empty:
+            raise
+        except Exception as exc:
+            # A batch whose shared memory can no longer be fetched: its sender died
+            # while the batch was in flight.
+            self._process.join(1.0)
+            if not self._process.is_alive():
+                raise RuntimeError(self.death_message()) from exc
+            raise
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
+    def started(self) -> bool:
+        return self._ready.is_set()
+
+    def root_pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """The collate process's exit code; None while it runs."""
+        return self._process.exitcode
+
+    def death_message(self) -> str:
+        return death_message(self.where, self._process.exitcode)
+
+    def close(self, timeout_s: float) -> None:
+        self._stop.set()
+        process = self._process
+        process.join(timeout_s)
+        for end in (process.terminate, process.kill):
+            if process.is_alive():
+                end()
+                process.join(2.0)
+        self._queue.cancel_join_thread()
+        self._queue.close()
+        self._slabs.close()
+        if isinstance(process.exitcode, int) and process.exitcode < 0:
+            remove_shm_of(process.pid)
+
+
+def open_transport(
+    spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None, prefix: str
+) -> ProcessTransport | ThreadTransport:
+    """Start the collate side of ``job`` the way ``job.config.collate_mode`` says."""
+    mode = job.config.collate_mode
+    where = f"the ODB collate {mode} of rank {job.rank}"
+    kind = ProcessTransport if mode == "process" else ThreadTransport
+    return kind(where, spec, job, rendezvous, prefix)
