@@ -211,20 +211,30 @@ def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
 # ---------------------------------------------------------------- resume
 
 
-def resolve_resume(option: str, out_dir: Path, cfg: TrainConfig) -> Path | None:
-    """The checkpoint to continue from (None: a fresh run), checked against ``cfg``."""
+def resolve_resume(option: str, out_dir: Path, cfg: TrainConfig) -> tuple[Path | None, str]:
+    """(The checkpoint to continue from or None for a fresh run, a note to log).
+
+    ``auto`` resumes the newest complete checkpoint when it was made with the same
+    grouping-relevant settings, and otherwise starts fresh with a note (a workflow rerun
+    after a config change); an explicit folder that does not match is an error.
+    """
     if option == "none":
-        return None
+        return None, ""
     if option == "auto":
         folder = ckpt.find_latest(out_dir)
-    else:
-        folder = Path(option)
-        if not (folder / ckpt.COMPLETE).exists():
-            raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
-                              f"{ckpt.COMPLETE} marker); use --resume auto")
-    if folder is not None:
-        check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
-    return folder
+        if folder is None:
+            return None, f"--resume auto: no complete checkpoint under {out_dir}; fresh start"
+        try:
+            check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
+        except ConfigError as exc:
+            return None, f"{exc}. --resume auto starts fresh instead (old checkpoints removed)"
+        return folder, ""
+    folder = Path(option)
+    if not (folder / ckpt.COMPLETE).exists():
+        raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
+                          f"{ckpt.COMPLETE} marker); use --resume auto")
+    check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
+    return folder, ""
 
 
 def check_resumable(saved: dict[str, Any], cfg: TrainConfig, folder: Path) -> None:
@@ -257,10 +267,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
     out_dir = Path(cfg.run.out_dir)
-    resume_from = resolve_resume(args.resume, out_dir, cfg)
+    resume_from, note = resolve_resume(args.resume, out_dir, cfg)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     d = init_distributed(cfg)
     _setup_logging(d.rank)
+    if note:
+        log.warning(note)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is None and d.rank == 0 and (out_dir / "checkpoints").exists():
         log.info("fresh run: removing %s", out_dir / "checkpoints")

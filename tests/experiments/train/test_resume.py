@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from experiments.train.config import ConfigError, load_config
-from experiments.train.run import main
+from experiments.train.run import main, resolve_resume
 from tests.dist import free_port, kill_tree
 from tests.experiments.train.conftest import CONFIGS, ENV
 from tests.experiments.train.test_run import train
@@ -87,8 +87,14 @@ def test_resume_refuses_another_grouping(base_config: Path, tmp_path: Path) -> N
     saved = load_config([base_config], [f"run.out_dir={tmp_path}"]).to_dict()
     (folder / "trainer_state.json").write_text(json.dumps({"config": saved}))
     (folder / "COMPLETE").write_text("")
-    args = ["--config", str(base_config), f"run.out_dir={tmp_path}", "--resume", "auto"]
+    args = ["--config", str(base_config), f"run.out_dir={tmp_path}"]
     with pytest.raises(ConfigError, match="made with method.token_budget=2048, this run has "
                                           "4096"):
-        main([*args, "method.token_budget=4096"])
+        main([*args, "--resume", str(folder), "method.token_budget=4096"])
     assert not dist.is_initialized()
+    changed = load_config([base_config], [f"run.out_dir={tmp_path}", "method.token_budget=4096"])
+    fresh, note = resolve_resume("auto", tmp_path, changed)  # a rerun after a config change
+    assert fresh is None and "made with method.token_budget=2048" in note
+    assert "starts fresh instead" in note
+    same = load_config([base_config], [f"run.out_dir={tmp_path}"])
+    assert resolve_resume("auto", tmp_path, same) == (folder, "")
