@@ -32,15 +32,14 @@ def test_spawned_ranks_two_loaders(mode: str) -> None:
     _check(run_ranks(two_loaders, 3, mode, timeout=180))
 
 
-def test_torchrun_two_loaders() -> None:
+def test_torchrun_two_loaders(tmp_path: Path) -> None:
     code, out, err = run_torchrun(
-        SCRIPT, 2, ["process"], timeout=180, env={"PYTHONPATH": str(SCRIPT.parents[2])}
+        SCRIPT,
+        2,
+        ["process", str(tmp_path)],
+        timeout=180,
+        env={"PYTHONPATH": str(SCRIPT.parents[2])},
     )
     assert code == 0, err[-3000:]
-    rows = [
-        json.loads(line[len("RESULT ") :])
-        for line in out.splitlines()
-        if line.startswith("RESULT ")
-    ]
-    assert sorted(r["rank"] for r in rows) == [0, 1], out[-2000:]
-    _check([r["result"] for r in sorted(rows, key=lambda r: r["rank"])])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "rank1.json"], out[-2000:]
+    _check([json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)])

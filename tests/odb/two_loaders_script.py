@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -59,5 +60,6 @@ def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
 if __name__ == "__main__":
     dist.init_process_group("gloo")
     result = two_loaders(dist.get_rank(), dist.get_world_size(), sys.argv[1])
-    print("RESULT " + json.dumps({"rank": dist.get_rank(), "result": result}), flush=True)
+    # One file per rank: two ranks' lines on one shared stdout pipe may interleave.
+    Path(sys.argv[2], f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
