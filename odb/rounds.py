@@ -1,8 +1,9 @@
 """One rank's side of the round protocol, as pure state: no I/O, no collectives.
 
-:class:`RankRounds` is what the collate side runs between its reads and its
-collectives, and what the planner tests and the benchmark simulator drive directly
-for many ranks in one process. Per round:
+:class:`RankRounds` is what the round driver (:mod:`odb.lockstep`) runs between a
+rank's reads and its collectives: on the collate side (:func:`odb.engine.run_epoch`)
+and, for many ranks in one process, in the benchmark simulator and the state-machine
+test. Per round:
 
 1. :meth:`RankRounds.wants_read` / :meth:`RankRounds.add` fill the window;
 2. :meth:`RankRounds.status` is this rank's row of the all-gather;
@@ -92,8 +93,14 @@ class RankRounds:
         self._ready, self._waiting = self.buffer.plan(self._can_read)
         unread = -1 if self.view_size is None else self.view_size - self.read_count
         self._status = RankStatus(
-            len(self._ready), len(self.buffer), self.read_done, self.read_count, free_slots,
-            buffered_tokens=self.buffer.tokens, read_tokens=self.read_tokens, unread=unread,
+            len(self._ready),
+            len(self.buffer),
+            self.read_done,
+            self.read_count,
+            free_slots,
+            buffered_tokens=self.buffer.tokens,
+            read_tokens=self.read_tokens,
+            unread=unread,
         )
         return self._status
 

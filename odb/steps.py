@@ -1,0 +1,221 @@
+"""One rank's steps as batches: read and check samples, collate groups and IDLE steps.
+
+The collate side's work between the round's two collectives (:mod:`odb.engine`):
+:class:`SampleReader` is the rank's :data:`odb.lockstep.Pull` (each sample measured
+and validated by a :class:`SampleMeter`, naming its index when it is rejected), and
+:class:`StepBuilder` turns a round's :class:`odb.rounds.RoundOutcome` into ``T``
+batches, each with its step info (the global counts follow after collective 2) and
+its :class:`odb.lockstep.StepCounts`. IDLE steps are collated from a real sample with
+every label masked, so they add zero loss while DDP's hooks still fire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from odb.budget import GroupMeasure, TokenBudget
+from odb.config import ODBConfig
+from odb.lockstep import Reading, StepCounts
+from odb.loss import count_loss_tokens
+from odb.metrics import EpochMetrics
+from odb.rounds import RoundOutcome
+from odb.step_info import STEP_INFO_KEY, StepInfo
+
+if TYPE_CHECKING:
+    from odb.engine import EpochJob
+
+LengthFn = Callable[[Any], int]
+
+
+@dataclass(frozen=True)
+class SampleMeter:
+    """Measures one sample and rejects what ODB cannot batch, naming the index."""
+
+    config: ODBConfig
+    length_fn: LengthFn | None = None
+    patches_fn: LengthFn | None = None
+
+    def __call__(self, index: int, sample: Any) -> tuple[int, int]:
+        if not isinstance(sample, Mapping):
+            raise TypeError(
+                f"sample {index} is a {type(sample).__name__}; ODB needs each "
+                "dataset item to be a dict of fields (one sample, not a batch)"
+            )
+        length = self._length(index, sample)
+        patches = int(self.patches_fn(sample)) if self.patches_fn is not None else 0
+        if length <= 0:
+            raise ValueError(
+                f"sample {index} has length {length}; ODB refuses empty samples "
+                "instead of dropping them silently. Filter them out of the dataset"
+            )
+        budget = self.config.budget
+        if self.config.oversize == "error" and budget.is_oversize(length, patches):
+            raise ValueError(
+                f"sample {index} (length {length}, patches {patches}) exceeds "
+                f"token_budget={budget.max_tokens} on its own; raise the budget, "
+                "truncate the sample, or set oversize='singleton'"
+            )
+        return length, patches
+
+    def _length(self, index: int, sample: Mapping[str, Any]) -> int:
+        if self.length_fn is not None:
+            return int(self.length_fn(sample))
+        key = self.config.length_key
+        if key not in sample:
+            raise ValueError(
+                f"sample {index} has no {key!r} (fields: {sorted(sample)}); pass "
+                "length_fn or set length_key to the field that holds the tokens"
+            )
+        value = sample[key]
+        return int(value.shape[-1]) if hasattr(value, "shape") else len(value)
+
+
+class SampleReader:
+    """Pulls the view's samples, measures and validates them, keeps the IDLE template.
+
+    The :data:`odb.lockstep.Pull` of this rank: each sample enters the window as
+    ``(index, sample, length)``.
+    """
+
+    def __init__(
+        self,
+        config: ODBConfig,
+        samples: Iterator[tuple[int, Any]],
+        meter: SampleMeter,
+        idle_template: Callable[[], Any],
+        metrics: EpochMetrics,
+    ) -> None:
+        self.config = config
+        self.samples = samples
+        self.meter = meter
+        self.idle_template = idle_template
+        self.metrics = metrics
+        self.template: Any = None
+
+    def __call__(self) -> Reading | None:
+        try:
+            index, sample = next(self.samples)
+        except StopIteration:
+            return None
+        return self.measure(index, sample)
+
+    def measure(self, index: int, sample: Any) -> Reading:
+        """Measure and validate one sample read from the view."""
+        length, patches = self.meter(index, sample)
+        if self.template is None:
+            self.template = sample
+        if self.config.budget.is_oversize(length, patches):
+            self.metrics.oversize += 1
+        return Reading(length, patches, (index, sample, length))
+
+    def idle_sample(self) -> Any:
+        """What IDLE steps are built from: the first sample read, else the template."""
+        if self.template is None:
+            self.template = self.idle_template()
+        return self.template
+
+
+class Step(NamedTuple):
+    """One collated step: the batch, its step info without global counts, its counts."""
+
+    batch: MutableMapping[str, Any]
+    info: StepInfo
+    counts: StepCounts
+
+
+class StepBuilder:
+    """Collates a round's groups and IDLE steps into batches with partial step info."""
+
+    def __init__(
+        self,
+        job: EpochJob,
+        collate_fn: Callable[[list[Any]], Any],
+        reader: SampleReader,
+        metrics: EpochMetrics,
+    ) -> None:
+        self.job = job
+        self.collate_fn = collate_fn
+        self.reader = reader
+        self.metrics = metrics
+        self.round = 0
+        self.step = 0
+
+    def build(self, outcome: RoundOutcome) -> list[Step]:
+        """This rank's ``T`` steps of the round, real steps first."""
+        out = []
+        for payloads in outcome.payloads:
+            lengths = [length for _, _, length in payloads]
+            self.metrics.record_group(lengths, _group_fill(self.job.config.budget, lengths))
+            batch = self._collate([sample for _, sample, _ in payloads])
+            ids = tuple(index for index, _, _ in payloads)
+            out.append(self._step(batch, ids, sum(lengths)))
+        for _ in range(outcome.steps.idle):
+            self.metrics.steps += 1
+            self.metrics.idle_steps += 1
+            out.append(self._step(self._idle_batch(), (), 0))
+        self.round += 1
+        return out
+
+    def _step(self, batch: MutableMapping[str, Any], ids: tuple[int, ...], real: int) -> Step:
+        cfg = self.job.config
+        tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
+        info = StepInfo(
+            epoch=self.job.epoch,
+            step=self.step,
+            round=self.round,
+            idle=not ids,
+            sample_ids=ids,
+            local_samples=len(ids),
+            global_samples=0,
+            local_loss_tokens=tokens,
+            global_loss_tokens=0,
+            window_loss_tokens=0,
+            loss_normalizer=1.0,
+            world_size=self.job.world_size,
+            rank=self.job.rank,
+        )
+        self.step += 1
+        return Step(batch, info, StepCounts(len(ids), tokens, real))
+
+    def _collate(self, samples: list[Any]) -> MutableMapping[str, Any]:
+        batch = self.collate_fn(samples)
+        if not isinstance(batch, MutableMapping):
+            raise TypeError(
+                f"collate_fn returned a {type(batch).__name__}; ODB needs a dict "
+                "batch so it can attach and pop the step info"
+            )
+        return batch
+
+    def _idle_batch(self) -> MutableMapping[str, Any]:
+        batch = self._collate([self.reader.idle_sample()])
+        cfg = self.job.config
+        labels = batch.get(cfg.label_key)
+        if not isinstance(labels, torch.Tensor):
+            raise ValueError(
+                f"collate_fn output has no tensor {cfg.label_key!r}; IDLE steps mask "
+                "the labels to contribute zero loss. Set label_key"
+            )
+        batch[cfg.label_key] = torch.full_like(labels, cfg.ignore_index)
+        return batch
+
+
+def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:
+    measure = GroupMeasure()
+    for length in lengths:
+        measure = measure.plus(length)
+    return budget.fill(measure)
+
+
+def attach_step_info(
+    item: tuple[MutableMapping[str, Any], StepInfo], window_tokens: int, normalizer: float
+) -> MutableMapping[str, Any]:
+    """Put the finished step info (its window's counts and normalizer) into the batch."""
+    batch, info = item
+    batch[STEP_INFO_KEY] = replace(
+        info, window_loss_tokens=window_tokens, loss_normalizer=normalizer
+    )
+    return batch

@@ -1,0 +1,184 @@
+"""The lockstep round driver (``odb.lockstep``): its payloads, its two halves, and that
+the engine and the in-memory world run the same rounds.
+
+The protocol's guarantees under the driver are the state machine's
+(``tests/odb/test_rounds_machine.py``); here: the wire format of collective 2, what the
+driver adds to ``RankRounds`` (the fill loop, a stream's end, ``max_age``, a peer's
+failure, the plan check), and one epoch run both by ``odb.engine.run_epoch`` (one rank,
+no peers) and by ``bench.simulate`` giving the same steps.
+"""
+
+from __future__ import annotations
+
+import doctest
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import odb.lockstep
+from bench.simulate import simulate
+from odb.alignment import RankStatus
+from odb.collate import PadCollate
+from odb.comm import AlignmentGroup
+from odb.config import ODBConfig
+from odb.engine import EpochJob, PeerFailedError, SampleMeter, run_epoch
+from odb.lockstep import LockstepRank, LockstepWorld, Reading, RoundCounts, StepCounts
+from odb.rounds import RankRounds
+from odb.step_info import STEP_INFO_KEY
+
+INT64 = st.integers(0, 2**62)
+
+
+def test_docstring_examples_run():
+    assert doctest.testmod(odb.lockstep).failed == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(INT64, INT64, INT64), max_size=8), INT64, INT64)
+def test_round_counts_row_round_trip(steps, read_samples, read_tokens):
+    counts = RoundCounts(tuple(StepCounts(*s) for s in steps), read_samples, read_tokens)
+    row = counts.to_row()
+    assert len(row) == 3 * len(steps) + 2
+    assert RoundCounts.from_row(row) == counts
+
+
+def test_round_counts_sum_is_the_sum_of_the_fields():
+    """What the all-reduce does to two ranks' rows is what it means for the fields."""
+    a = RoundCounts((StepCounts(2, 7, 9), StepCounts(0, 0, 0)), 5, 40)
+    b = RoundCounts((StepCounts(1, 3, 4), StepCounts(3, 8, 11)), 6, 51)
+    summed = RoundCounts.from_row([x + y for x, y in zip(a.to_row(), b.to_row(), strict=True)])
+    assert summed == RoundCounts((StepCounts(3, 10, 13), StepCounts(3, 8, 11)), 11, 91)
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 4, 6])
+def test_round_counts_rejects_a_row_of_the_wrong_width(width):
+    with pytest.raises(ValueError, match=f"3 \\* steps \\+ 2 fields, got {width}"):
+        RoundCounts.from_row([0] * width)
+
+
+def _pull(readings):
+    it = iter(readings)
+    return lambda: next(it, None)
+
+
+def test_a_stream_ends_when_its_pull_does():
+    cfg = ODBConfig(token_budget=64, buffer_size=8)
+    rank = LockstepRank(RankRounds(cfg, None), _pull([Reading(5, 0, i) for i in range(3)]))
+    status = rank.report(lambda: 2)
+    assert (status.read_count, status.read_done, status.unread, status.free_slots) == (
+        3,
+        True,
+        0,
+        2,
+    )
+    assert rank.rounds.view_size == 3
+
+
+def test_free_slots_are_asked_after_the_reads():
+    cfg = ODBConfig(token_budget=64, buffer_size=8)
+    read = []
+
+    def pull():
+        read.append(len(read))
+        return Reading(5, 0, read[-1]) if len(read) <= 3 else None
+
+    status = LockstepRank(RankRounds(cfg, None), pull).report(lambda: len(read))
+    assert status.free_slots == 4  # three samples and the end of the stream
+
+
+def test_max_age_is_the_oldest_at_any_report():
+    """A sample that waits is older at each report; ``max_age`` keeps the oldest."""
+    cfg = ODBConfig(token_budget=100, buffer_size=8, window_budgets=1, age_limit=3)
+    world = LockstepWorld(
+        [
+            LockstepRank(RankRounds(cfg, 2), _pull([Reading(60, 0, "a"), Reading(60, 0, "b")]), 0),
+            LockstepRank(RankRounds(cfg, 1), _pull([Reading(10, 0, "c")]), 1),
+        ]
+    )
+    ages = []
+    while True:
+        statuses, outcomes = world.round([4, 4])
+        ages.append([rank.rounds.buffer.max_age for rank in world.ranks])
+        if outcomes[0].plan.end:
+            break
+    assert [rank.max_age for rank in world.ranks] == [max(col) for col in zip(*ages, strict=True)]
+
+
+def test_a_peer_failure_raises_on_every_rank():
+    cfg = ODBConfig(token_budget=64)
+    rank = LockstepRank(RankRounds(cfg, 1), _pull([Reading(5, 0, "a")]), rank=0)
+    mine = rank.report(lambda: 4)
+    peer = replace(mine, failed=True)
+    with pytest.raises(PeerFailedError, match=r"ODB ranks \[1\] failed; rank 0 stops"):
+        rank.decide([mine, peer])
+
+
+def test_the_world_refuses_ranks_that_plan_differently():
+    """Ranks with different settings derive different plans: a bug the world reports."""
+    world = LockstepWorld(
+        [
+            LockstepRank(
+                RankRounds(ODBConfig(token_budget=64, queue_depth=depth), 4),
+                _pull([Reading(40, 0, i) for i in range(4)]),  # four groups of one
+            )
+            for depth in (1, 2)
+        ]
+    )
+    with pytest.raises(AssertionError, match="different plans"):
+        world.round([4, 4])
+
+
+def test_the_gathered_statuses_go_through_the_wire_row():
+    cfg = ODBConfig(token_budget=64)
+    world = LockstepWorld([LockstepRank(RankRounds(cfg, 1), _pull([Reading(5, 0, "a")]))])
+    (status,) = world.report([3])
+    assert RankStatus.from_row(status.to_row()) == status
+    (outcome,) = world.decide([status])
+    assert outcome.payloads == [["a"]]
+
+
+# ----------------------------------------------------- one driver: engine == simulator
+
+
+def _engine_steps(lengths: list[int], cfg: ODBConfig) -> list[tuple[int, ...]]:
+    """``run_epoch`` on one rank with no peers: the sample ids of every step."""
+
+    def sample(i: int) -> dict[str, torch.Tensor]:
+        ids = torch.full((lengths[i],), i, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    view = list(range(len(lengths)))
+    steps = []
+    run_epoch(
+        EpochJob(cfg, 0, 0, 1, view),
+        ((i, sample(i)) for i in view),
+        AlignmentGroup(None, "test/"),
+        PadCollate(),
+        SampleMeter(cfg),
+        lambda: sample(0),
+        lambda batch: steps.append(batch[STEP_INFO_KEY].sample_ids),
+        lambda: cfg.queue_depth,
+    )
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("policy", ["balanced", "paper"])
+def test_the_engine_and_the_simulator_run_the_same_rounds(seed, policy):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 120) for _ in range(rng.randint(30, 90))]
+    cfg = ODBConfig(
+        token_budget=128,
+        policy=policy,
+        buffer_size=rng.randint(4, 16),
+        window_budgets=rng.randint(1, 4),
+        queue_depth=rng.randint(1, 4),
+        age_limit=rng.randint(1, 4),
+        shuffle=False,
+    )
+    sim = simulate(lengths, cfg, views=[list(range(len(lengths)))])
+    assert _engine_steps(lengths, cfg) == [tuple(ids) for ids in sim.ranks[0].ids]
