@@ -11,9 +11,10 @@ store prefix. Per round (after a warm-up) it times, alternating which goes first
 * ``raw``: a bare ``allgather`` of an int64 tensor of the same size on the raw group.
 
 Bytes per rank per round are read from ``AlignmentGroup.bytes_sent`` after the status
-gathers only (must be 64 B = 8 x int64, whatever the buffer holds); the per-step count
-all-reduce (``sum_counts``: local samples and loss tokens, 2 int64 per step) is
-measured separately, per step, for a round of ``--steps-per-round`` steps.
+gathers only (must be 64 B = 8 x int64, whatever the buffer holds); the round's count
+all-reduce (``sum_counts`` of an :class:`odb.lockstep.RoundCounts` row: samples, loss
+tokens and real tokens per step, plus the epoch's reads: ``3 T + 2`` int64) is measured
+separately, per step, for a round of ``--steps-per-round`` steps.
 
 Absolute microseconds on a 2-core machine with up to 8 processes say little; compare
 ``gather_status`` with ``raw`` in the same run (ratio), and the trend over ``W``.
@@ -34,6 +35,7 @@ import torch.multiprocessing as mp
 from bench import _io
 from odb.alignment import STATUS_WIDTH, RankStatus
 from odb.comm import AlignmentGroup, Rendezvous, StoreHost
+from odb.lockstep import RoundCounts, StepCounts
 
 HOST = "127.0.0.1"
 
@@ -84,13 +86,14 @@ def _rank_main(rank: int, world: int, port: int, rounds: int, warmup: int, steps
             raw_t.append(raw_round())
             odb_t.append(odb_round())
     gather_bytes = group.bytes_sent - bytes_before
-    # The per-step count all-reduce of one round with `steps` steps (2 ints per step).
+    # The count all-reduce of one round with `steps` steps (what run_epoch sends).
+    counts = RoundCounts(tuple(StepCounts(rank + 1, 7, 9) for _ in range(steps)), 50, 4000)
     raw.barrier().wait()
     before = group.bytes_sent
     t = time.perf_counter()
     reduce_rounds = max(1, rounds // 4)
     for _ in range(reduce_rounds):
-        group.sum_counts([rank + 1] * (2 * steps))
+        RoundCounts.from_row(group.sum_counts(counts.to_row()))
     reduce_s = (time.perf_counter() - t) / reduce_rounds
     reduce_bytes = (group.bytes_sent - before) / reduce_rounds
     raw.barrier().wait()

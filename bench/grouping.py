@@ -2,8 +2,8 @@
 
 For each of the four length distributions (:mod:`bench.distributions`), each budget
 and world size, and both alignment policies, one epoch is simulated with
-:func:`bench.simulate.simulate` (the real :class:`odb.rounds.RankRounds`, driven like
-the collate loop) and compared with
+:func:`bench.simulate.simulate` (the collate side's own round driver,
+:mod:`odb.lockstep`, on the real :class:`odb.rounds.RankRounds`) and compared with
 
 * **Standard**: a fixed batch of ``budget // cutoff`` samples over the shuffled views
   (the largest batch that never exceeds the budget at the cutoff length);

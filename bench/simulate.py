@@ -1,20 +1,15 @@
 """A pure multi-rank simulator of ODB's round protocol (no processes, no collectives).
 
-``W`` :class:`odb.rounds.RankRounds` run in lockstep over per-rank views of a list of
-sample lengths. Each round does exactly what :func:`odb.engine.run_epoch` does on every
-rank, in the same order:
+``W`` ranks run in lockstep over per-rank views of a list of sample lengths, driven by
+:class:`odb.lockstep.LockstepWorld`: the round driver :func:`odb.engine.run_epoch` runs
+on every rank (:class:`odb.lockstep.LockstepRank`: read, report, decide), with the
+status all-gather done in memory through the wire row. Each rank emits
+``outcome.payloads`` as real steps, then ``outcome.steps.idle`` IDLE steps.
 
-1. ``while rounds.wants_read(): rounds.add(length, patches, payload)``;
-2. ``status = rounds.status(free_slots)``; the statuses go through the wire format
-   (``to_row`` / ``from_row``), which is what the all-gather carries;
-3. ``outcome = rounds.decide(statuses)`` on every rank with the *same* gathered list;
-   ``plan.end`` ends the epoch; otherwise the rank emits ``outcome.payloads`` as real
-   steps, then ``outcome.steps.idle`` IDLE steps.
-
-The protocol itself (grouping, planning, splitting, recirculation) is never
-reimplemented here: this module only feeds lengths in and records what comes out.
-What is not simulated: the trainer's pace (every round sees ``free_slots`` free queue
-places, default ``queue_depth``: a trainer that keeps up) and the loss-token
+The protocol itself (grouping, planning, splitting, recirculation, the round loop) is
+never reimplemented here: this module only feeds lengths in and records what comes
+out. What is not simulated: the trainer's pace (every round sees ``free_slots`` free
+queue places, default ``queue_depth``: a trainer that keeps up) and the count
 all-reduce (it changes no step).
 
 Views: :func:`round_robin_views` deals a seeded shuffle round-robin with
@@ -27,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from odb.alignment import RankStatus
 from odb.config import ODBConfig
 from odb.grouping import Item, form_groups
-from odb.rounds import RankRounds
+from odb.lockstep import LockstepRank, LockstepWorld, Pull, Reading
+from odb.rounds import RankRounds, RoundOutcome
 from odb.sharding import rank_view
 
 
@@ -48,6 +43,13 @@ class RankTrace:
     @property
     def steps(self) -> int:
         return len(self.groups) + self.idle
+
+    def record(self, outcome: RoundOutcome) -> None:
+        """One round's steps: its groups (payloads ``(index, length)``), then IDLE."""
+        for payloads in outcome.payloads:
+            self.ids.append([index for index, _ in payloads])
+            self.groups.append([length for _, length in payloads])
+        self.idle += outcome.steps.idle
 
 
 @dataclass
@@ -110,46 +112,49 @@ def simulate(
             raise ValueError("give world_size or views")
         views = round_robin_views(len(lengths), world_size, config.seed, epoch, config.shuffle)
     views = [list(v) for v in views]
-    free = config.queue_depth if free_slots is None else free_slots
-    ranks = [RankRounds(config, len(v)) for v in views]
-    cursors = [0] * len(views)
+    free = [config.queue_depth if free_slots is None else free_slots] * len(views)
+    world = LockstepWorld(
+        [
+            LockstepRank(RankRounds(config, len(v)), _reader(v, lengths), r)
+            for r, v in enumerate(views)
+        ]
+    )
     traces = [RankTrace() for _ in views]
     targets: list[int] = []
     tail_rounds = 0
     for _ in range(max_rounds):
-        statuses = []
-        for r, rounds in enumerate(ranks):
-            while rounds.wants_read():
-                index = views[r][cursors[r]]
-                cursors[r] += 1
-                rounds.add(int(lengths[index]), 0, (index, int(lengths[index])))
-            statuses.append(rounds.status(free))
-            traces[r].max_age = max(traces[r].max_age, rounds.buffer.max_age)
-        gathered = [RankStatus.from_row(s.to_row()) for s in statuses]  # the wire format
-        outcomes = [rounds.decide(gathered) for rounds in ranks]
-        plans = {o.plan for o in outcomes}
-        if len(plans) != 1:
-            raise AssertionError(f"ranks derived different plans: {plans}")
+        statuses, outcomes = world.round(free)
         plan = outcomes[0].plan
         if plan.end:
             break
-        if all(s.read_done for s in gathered):
+        if all(s.read_done for s in statuses):
             tail_rounds += 1
         targets.append(plan.target)
         for trace, outcome in zip(traces, outcomes, strict=True):
-            for payloads in outcome.payloads:
-                trace.ids.append([index for index, _ in payloads])
-                trace.groups.append([length for _, length in payloads])
-            trace.idle += outcome.steps.idle
+            trace.record(outcome)
     else:
         raise RuntimeError(f"no end of epoch after {max_rounds} rounds (livelock?)")
-    for trace, rounds in zip(traces, ranks, strict=True):
-        trace.recirculated = rounds.recirculated
-        trace.paced_rounds = rounds.paced_rounds
+    for trace, rank in zip(traces, world.ranks, strict=True):
+        trace.recirculated = rank.rounds.recirculated
+        trace.paced_rounds = rank.rounds.paced_rounds
+        trace.max_age = rank.max_age
     result = SimResult(config, traces, len(targets), tail_rounds, targets)
     if check:
         _check(result, lengths, views)
     return result
+
+
+def _reader(view: Sequence[int], lengths: Sequence[int]) -> Pull:
+    """A rank's view as a :data:`odb.lockstep.Pull`: payloads ``(index, length)``."""
+    indices = iter(view)
+
+    def pull() -> Reading | None:
+        index = next(indices, None)
+        if index is None:
+            return None
+        return Reading(int(lengths[index]), 0, (index, int(lengths[index])))
+
+    return pull
 
 
 def _check(result: SimResult, lengths: Sequence[int], views: Sequence[Sequence[int]]) -> None:

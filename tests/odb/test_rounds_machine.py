@@ -1,6 +1,8 @@
-"""Stateful tests of the round protocol: W ranks, each a pure ``RankRounds``, driven as
-``odb.engine.run_epoch`` drives them (read while ``wants_read()``, ``status()``, gather,
-``decide()`` on every rank with the same list, emit the groups then the IDLE steps).
+"""Stateful tests of the round protocol: W ranks, each a pure ``RankRounds``, driven by
+the round driver ``odb.engine.run_epoch`` runs (``odb.lockstep``: read while
+``wants_read()``, report, gather, decide on every rank with the same list), with the
+all-gather in memory (``LockstepWorld``); the machine checks each round between the
+reports and the decisions, and after them.
 
 Hypothesis draws the scenario (ranks, per-rank views with their own length profiles and
 sizes, empty views included, policy, budget, small window/buffer/queue/age settings) and,
@@ -46,6 +48,7 @@ import odb.alignment
 from bench.simulate import simulate, summarize
 from odb.budget import GroupMeasure
 from odb.config import ODBConfig
+from odb.lockstep import LockstepRank, LockstepWorld, Reading
 from odb.metrics import EpochMetrics
 from odb.rounds import RankRounds
 
@@ -61,8 +64,10 @@ def _lengths(profile: str, budget: int) -> st.SearchStrategy[int]:
     if profile == "uniform":
         return st.integers(1, max(1, budget // 2))
     if profile == "longtail":
-        return st.integers(1, max(1, budget // 8)) | st.integers(1, budget) | st.integers(
-            budget, 3 * budget
+        return (
+            st.integers(1, max(1, budget // 8))
+            | st.integers(1, budget)
+            | st.integers(budget, 3 * budget)
         )
     if profile == "bimodal":
         return st.integers(1, max(1, budget // 8)) | st.integers(max(1, budget // 3), budget)
@@ -144,6 +149,9 @@ class RoundsMachine(RuleBasedStateMachine):
         self.views = self.scenario.views
         self.world = len(self.views)
         self.ranks = [RankRounds(cfg, len(v)) for v in self.views]
+        self.lockstep = LockstepWorld(
+            [LockstepRank(rr, self._pull(r), r) for r, rr in enumerate(self.ranks)]
+        )
         self.emitted = [set() for _ in self.views]
         self.born = [{} for _ in self.views]  # index -> rounds decided when it was read
         self.read_tokens = [0] * self.world
@@ -162,15 +170,22 @@ class RoundsMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ one round
 
-    def _read(self, r: int) -> None:
+    def _pull(self, r: int):
+        """Rank ``r``'s view as the driver's pull; records when each index was read."""
         rr, view = self.ranks[r], self.views[r]
-        while rr.wants_read():
+
+        def pull() -> Reading:
             i = rr.read_count
             assert i < len(view), f"rank {r} wants to read past its view ({i} of {len(view)})"
             length, patches = view[i]
-            rr.add(length, patches, (r, i))
             self.born[r][i] = self.rounds
             self.read_tokens[r] += length
+            return Reading(length, patches, (r, i))
+
+        return pull
+
+    def _check_reads(self, r: int) -> None:
+        rr = self.ranks[r]
         assert not rr.wants_read()
         if not self.cfg.join and self.prev_statuses is not None:
             # The read limit of the last plan: no rank runs ahead of the slowest by more
@@ -179,18 +194,16 @@ class RoundsMachine(RuleBasedStateMachine):
             assert rr.read_count <= limit
 
     def _ages(self, r: int) -> dict[int, int]:
-        return {
-            i: self.rounds - b for i, b in self.born[r].items() if i not in self.emitted[r]
-        }
+        return {i: self.rounds - b for i, b in self.born[r].items() if i not in self.emitted[r]}
 
     def _round(self, free: list[int]) -> None:
         assert not self.ended
         self.broken = True  # until the round completes: teardown skips a broken run
         assert self.rounds < self.round_cap, f"no end after {self.rounds} rounds: livelock"
         cfg, budget = self.cfg, self.cfg.budget
+        statuses = self.lockstep.report(free)
         for r in range(self.world):
-            self._read(r)
-        statuses = [rr.status(f) for rr, f in zip(self.ranks, free, strict=True)]
+            self._check_reads(r)
         ages = [self._ages(r) for r in range(self.world)]
         for r, (rr, s) in enumerate(zip(self.ranks, statuses, strict=True)):
             assert s.buffered == len(rr.buffer) == len(ages[r])
@@ -206,20 +219,22 @@ class RoundsMachine(RuleBasedStateMachine):
             # every round emits at least one sample at least as old, and all of those
             # were buffered together with it (< buffer_size others).
             assert rr.buffer.max_age <= cfg.age_limit + cfg.buffer_size - 1, (
-                rr.buffer.max_age, cfg.age_limit, cfg.buffer_size)
+                rr.buffer.max_age,
+                cfg.age_limit,
+                cfg.buffer_size,
+            )
             can_read = rr._may_read() and len(rr.buffer) < cfg.buffer_size
             if not can_read:
                 # buffer.plan: a nonempty buffer that cannot read more has a ready group.
                 assert s.buffered == 0 or s.ready >= 1
         paced_before = [rr.paced_rounds for rr in self.ranks]
-        outcomes = [rr.decide(statuses) for rr in self.ranks]
+        outcomes = self.lockstep.decide(statuses)  # raises if the ranks' plans differ
         plan = outcomes[0].plan
         for rr, before, s in zip(self.ranks, paced_before, statuses, strict=True):
             if rr.paced_rounds > before:
                 event("a rank paced itself")
                 # Only join mode, only a rank that has read its whole view.
                 assert cfg.join and s.read_done and plan.pace is not None
-        assert all(o.plan == plan for o in outcomes), "ranks derived different plans"
         all_read = all(s.read_done for s in statuses)
         self.metrics.record_tail(statuses, plan.end)
         if plan.end:
@@ -292,8 +307,9 @@ class RoundsMachine(RuleBasedStateMachine):
         if self.ended:
             return
         free = data.draw(
-            st.lists(st.integers(0, self.cfg.queue_depth), min_size=self.world,
-                     max_size=self.world),
+            st.lists(
+                st.integers(0, self.cfg.queue_depth), min_size=self.world, max_size=self.world
+            ),
             label="free_slots",
         )
         self._round(free)
@@ -336,14 +352,13 @@ class RoundsMachine(RuleBasedStateMachine):
         assert self.metrics.tail_start_buffered == (self.tail_start or 0)
         leftovers = [rr.leftover() for rr in self.ranks]
         min_view = min(len(v) for v in self.views)
-        for r, (rr, view, left) in enumerate(
-            zip(self.ranks, self.views, leftovers, strict=True)
-        ):
+        for r, (rr, view, left) in enumerate(zip(self.ranks, self.views, leftovers, strict=True)):
             left_idx = [i for _, i in left]
             unread = list(range(rr.read_count, len(view)))
             if cfg.join:
                 assert sorted(self.emitted[r]) == list(range(len(view))), (
-                    f"join: rank {r} did not emit every index exactly once")
+                    f"join: rank {r} did not emit every index exactly once"
+                )
                 assert not left_idx and not unread
             else:
                 # Quota closure within the epoch: nothing lost, nothing twice.
@@ -354,7 +369,12 @@ class RoundsMachine(RuleBasedStateMachine):
                 # past this rank's read count (read limit), so unread <= view - view_D +
                 # buffer_size; leftover <= buffer_size; view_D >= min view.
                 assert carry <= 2 * cfg.buffer_size + (len(view) - min_view), (
-                    r, carry, cfg.buffer_size, len(view), min_view)
+                    r,
+                    carry,
+                    cfg.buffer_size,
+                    len(view),
+                    min_view,
+                )
                 assert carry <= 2 * cfg.buffer_size + 1 + (len(view) - min_view)
             assert len(rr.buffer) == 0
 
