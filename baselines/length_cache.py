@@ -213,14 +213,14 @@ def fingerprint_of(dataset: Any) -> str:
     return str(method())
 
 
+@dataclass(frozen=True)
 class _Measured(Dataset):
     """Item ``i`` is ``(length, patches)`` of ``dataset[i]``, measured in the worker so
     that samples (pixel tensors) never cross a process boundary."""
 
-    def __init__(self, dataset: Any, length_fn: Callable, patches_fn: Callable) -> None:
-        self.dataset = dataset
-        self.length_fn = length_fn
-        self.patches_fn = patches_fn
+    dataset: Any
+    length_fn: Callable
+    patches_fn: Callable
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -11,7 +11,7 @@ does the rest once, the same way for all of them:
   exactly like ODB's: sample ids, local/global sample and loss-token counts, the IDLE
   flag and the loss normalizer over the gradient-accumulation window. The global
   counts are summed once per window over a private Gloo group
-  (:class:`odb.comm.AlignmentGroup`, rendezvous through :func:`odb.comm.open_rendezvous`)
+  (:class:`odb.AlignmentGroup`, rendezvous through :func:`odb.open_rendezvous`)
   from the trainer process, never over the trainer's own group, so they cannot
   interleave with gradient all-reduces. The loader looks ahead one window.
   ``StepInfo.round`` is the index of that exchange (the baselines have no alignment
@@ -26,10 +26,14 @@ does the rest once, the same way for all of them:
   whole state (pieces of one save agree; any one of them restores). A restore with the
   same world size and plan replays the plan from step ``k`` (the remaining batches are
   identical); otherwise the samples still owed are re-planned over the current ranks.
-* ``stats()`` measures the realised batches (padding, budget fill, IDLE steps) and
-  counts *budget violations*: multi-sample steps whose realised cost exceeds the budget,
-  which happens when the lengths a plan was made from (a cache, a proxy, a fixed batch
-  size) differ from the realised ones, e.g. under random augmentation.
+* ``stats()`` measures the realised samples with :class:`odb.StepMetrics`, ODB's own
+  figures (padding, budget fill, IDLE steps), and so counts *budget violations*:
+  multi-sample steps whose realised cost exceeds the budget, which happens when the
+  lengths a plan was made from (a cache, a proxy, a fixed batch size) differ from the
+  realised ones, e.g. under random augmentation.
+
+Only :mod:`odb`'s public API is used: the config fields, step-info rules, metrics,
+count group and resume state are odb's, defined once there.
 """
 
 from __future__ import annotations
@@ -37,22 +41,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+import odb
 from baselines.config import BaselineConfig
 from baselines.length_cache import LengthSource, default_length, default_patches, resolve_lengths
 from baselines.plans import Plan, check_plan
-from odb.budget import CostModel, GroupMeasure, TokenBudget
-from odb.collate import PadCollate
-from odb.comm import AlignmentGroup, open_rendezvous
-from odb.loss import WindowNormalizer, count_loss_tokens
-from odb.resume import LoaderState
-from odb.step_info import STEP_INFO_KEY, StepInfo
 
 __all__ = ["PlannedLoader", "StepMeta"]
 
@@ -87,10 +85,15 @@ class StepMeta:
 
     ids: tuple[int, ...]
     idle: bool
-    lengths: tuple[int, ...]
-    patches: tuple[int, ...]
+    measure: odb.GroupMeasure  # the realised samples' lengths and patches
     loss_tokens: int
-    occupied_tokens: int
+
+    def record(self, metrics: odb.StepMetrics, budget: odb.TokenBudget) -> None:
+        """Count this step in the epoch's metrics."""
+        if self.idle:
+            metrics.record_idle()
+        else:
+            metrics.record_step(budget, self.measure)
 
 
 class _Keyed(Dataset):
@@ -117,82 +120,16 @@ class _StepCollate:
     patches_fn: Callable[[Any], int]
 
     def __call__(self, keyed: list[tuple[int, bool, Any]]) -> tuple[Any, StepMeta]:
-        cfg = self.config
         samples = [sample for _, _, sample in keyed]
         idle = keyed[0][1]
         batch = self.collate_fn(samples)
-        if not isinstance(batch, MutableMapping):
-            raise TypeError(
-                f"collate_fn returned a {type(batch).__name__}; baseline loaders need a "
-                "dict batch so they can attach and pop the step info"
-            )
-        labels = batch.get(cfg.label_key)
-        if not isinstance(labels, torch.Tensor):
-            raise ValueError(
-                f"collate_fn output has no tensor {cfg.label_key!r} (keys: {sorted(batch)}); "
-                "set label_key to the field that holds the labels"
-            )
-        if idle:  # an IDLE step: real shapes, zero loss
-            batch[cfg.label_key] = torch.full_like(labels, cfg.ignore_index)
-        tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
-        measure = self.length_fn or (lambda s: default_length(s, cfg.length_key))
-        meta = StepMeta(
-            ids=() if idle else tuple(index for index, _, _ in keyed),
-            idle=idle,
-            lengths=tuple(int(measure(s)) for s in samples),
-            patches=tuple(int(self.patches_fn(s)) for s in samples),
-            loss_tokens=tokens,
-            occupied_tokens=int(batch[cfg.label_key].numel()),
-        )
-        return batch, meta
-
-
-@dataclass
-class _EpochMetrics:
-    """Per-rank counters of one epoch; key names follow ``ODBLoader.stats()``."""
-
-    steps: int = 0
-    idle_steps: int = 0
-    samples: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    fill_sum: float = 0.0
-    max_group_size: int = 0
-    oversize: int = 0
-    budget_violations: int = 0
-    max_violation_fill: float = 0.0
-
-    def record(self, meta: StepMeta, budget: TokenBudget) -> None:
-        self.steps += 1
-        if meta.idle:
-            self.idle_steps += 1
-            return
-        m = GroupMeasure()
-        for length, patches in zip(meta.lengths, meta.patches, strict=True):
-            m = m.plus(length, patches)
-        self.samples += m.n
-        self.real_tokens += m.sum_len
-        self.padded_tokens += meta.occupied_tokens
-        self.fill_sum += budget.fill(m)
-        self.max_group_size = max(self.max_group_size, m.n)
-        if not budget.fits(m):
-            if m.n == 1:
-                self.oversize += 1  # a lone sample over budget: never dropped
-            else:
-                self.budget_violations += 1
-                self.max_violation_fill = max(self.max_violation_fill, budget.fill(m))
-
-    def summary(self) -> dict[str, float | int]:
-        real = self.steps - self.idle_steps
-        out = {k: v for k, v in vars(self).items() if k != "fill_sum"}
-        out["padding_efficiency"] = (
-            self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
-        )
-        out["budget_fill"] = self.fill_sum / real if real else 0.0
-        out["idle_fraction"] = self.idle_steps / self.steps if self.steps else 0.0
-        out["mean_group_size"] = self.samples / real if real else 0.0
-        out["dropped"] = 0  # every plan covers its pool exactly once
-        return out
+        tokens = odb.finish_batch(batch, self.config, idle=idle)
+        length = self.length_fn or (lambda s: default_length(s, self.config.length_key))
+        measure = odb.GroupMeasure()
+        for sample in samples:
+            measure = measure.plus(int(length(sample)), int(self.patches_fn(sample)))
+        ids = () if idle else tuple(index for index, _, _ in keyed)
+        return batch, StepMeta(ids, idle, measure, tokens)
 
 
 @dataclass(frozen=True)
@@ -229,7 +166,7 @@ class PlannedLoader:
     """
 
     method: ClassVar[str] = ""
-    default_cost_model: ClassVar[CostModel] = "padded"
+    default_cost_model: ClassVar[odb.CostModel] = "padded"
     needs_lengths: ClassVar[bool] = True
 
     def __init__(
@@ -258,13 +195,7 @@ class PlannedLoader:
                 "LengthCache (python -m baselines.length_cache build ...), a list, or a "
                 "length proxy f(index)"
             )
-        for name, fn in (
-            ("collate_fn", collate_fn),
-            ("length_fn", length_fn),
-            ("patches_fn", patches_fn),
-        ):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        odb.check_callables(collate_fn=collate_fn, length_fn=length_fn, patches_fn=patches_fn)
         self._collate = _StepCollate(
             collate_fn if collate_fn is not None else self._default_collate(),
             config,
@@ -272,7 +203,7 @@ class PlannedLoader:
             patches_fn if patches_fn is not None else default_patches,
         )
         self._setup()
-        self._rendezvous, self._store_host = open_rendezvous(
+        self._rendezvous, self._store_host = odb.open_rendezvous(
             config.rendezvous_host, config.init_timeout_s, config.align_timeout_s
         )
         self.rank = 0 if self._rendezvous is None else self._rendezvous.rank
@@ -297,7 +228,7 @@ class PlannedLoader:
         """Validate the method's settings (called once at construction)."""
 
     def _default_collate(self) -> Callable[[list[Any]], Any]:
-        return PadCollate(ignore_index=self.config.ignore_index)
+        return odb.PadCollate(ignore_index=self.config.ignore_index)
 
     def plan(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
         """The epoch's steps for every rank: equal counts, each pool index exactly once."""
@@ -311,8 +242,7 @@ class PlannedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose seeded plan the next ``iter()`` runs (call on every rank)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        odb.check_epoch(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # the restored epoch is skipped: start the new one fresh
         self.epoch = epoch
@@ -379,21 +309,15 @@ class PlannedLoader:
         ranks. A state saved after an epoch finished positions the next epoch.
         """
         state = _one_state(state_dict)
-        missing = [k for k in STATE_KEYS if k not in state]
-        unknown = sorted(set(state) - set(STATE_KEYS))
-        if missing or unknown:
-            raise ValueError(
-                f"baseline loader state has missing keys {missing} and unknown keys {unknown}; "
-                "pass the dict returned by state_dict()"
-            )
+        odb.check_state_keys(state, STATE_KEYS, type(self).__name__)
         method = state.pop(METHOD)
         if method != self.method:
             raise ValueError(
                 f"the state was saved by a {method!r} loader; this loader is "
                 f"{self.method!r}. Resume with the same method"
             )
-        progress = LoaderState.from_dict(state.pop(PROGRESS))
-        base = LoaderState.from_dict(state.pop(PLAN_BASE))
+        progress = odb.LoaderState.from_dict(state.pop(PROGRESS))
+        base = odb.LoaderState.from_dict(state.pop(PLAN_BASE))
         if progress.num_samples != len(self.dataset):
             raise ValueError(
                 f"loader state was saved for {progress.num_samples} samples but the dataset "
@@ -451,9 +375,11 @@ class PlannedLoader:
     def _drive(
         self, loader: DataLoader, plan: Plan, resume: _Resume, plan_s: float
     ) -> Iterator[dict[str, Any]]:
-        group = AlignmentGroup(self._rendezvous, f"baselines/{self.method}/iter{self._iterations}/")
-        windows = WindowNormalizer(self.config.grad_accum_steps, len(plan))
-        metrics = _EpochMetrics()
+        group = odb.AlignmentGroup(
+            self._rendezvous, f"baselines/{self.method}/iter{self._iterations}/"
+        )
+        windows = odb.WindowNormalizer(self.config.grad_accum_steps, len(plan))
+        metrics = odb.StepMetrics()
         wait_s = exchange_s = 0.0
         last_step = len(plan[0]) - 1
         pending: list[tuple[Any, StepMeta, int]] = []
@@ -463,7 +389,7 @@ class PlannedLoader:
                 started = time.perf_counter()
                 batch, meta = next(source)
                 wait_s += time.perf_counter() - started
-                metrics.record(meta, self.budget)
+                meta.record(metrics, self.budget)
                 pending.append((batch, meta, step))
                 # Windows are aligned to epoch steps (the same on every rank, also after a
                 # resume), so every rank exchanges at the same steps.
@@ -500,8 +426,8 @@ class PlannedLoader:
 
     def _exchange(
         self,
-        group: AlignmentGroup,
-        windows: WindowNormalizer,
+        group: odb.AlignmentGroup,
+        windows: odb.WindowNormalizer,
         pending: list[tuple[Any, StepMeta, int]],
     ) -> list[tuple[Any, int]]:
         """Sum a window's per-step counts over the ranks; attach each step's info.
@@ -517,14 +443,14 @@ class PlannedLoader:
         out = []
         for ((batch, meta, step), samples, tokens), window_tokens, normalizer in released:
             info = (samples, tokens, window_tokens, normalizer)
-            batch[STEP_INFO_KEY] = self._info(meta, step, info, windows.world_size)
+            batch[odb.STEP_INFO_KEY] = self._info(meta, step, info, windows.world_size)
             out.append((batch, samples))
         return out
 
-    def _info(self, meta: StepMeta, step: int, counts: tuple[int, ...], world: int) -> StepInfo:
+    def _info(self, meta: StepMeta, step: int, counts: tuple[int, ...], world: int) -> odb.StepInfo:
         global_samples, global_tokens, window_tokens, normalizer = counts
         epoch_step = self._steps_before + step
-        return StepInfo(
+        return odb.StepInfo(
             epoch=self._plan_epoch,
             step=epoch_step,
             round=epoch_step // self.config.grad_accum_steps,
@@ -554,8 +480,8 @@ class PlannedLoader:
 
     def _state(
         self, consumed: Sequence[int], done: bool = False, epoch: int | None = None
-    ) -> LoaderState:
-        return LoaderState(
+    ) -> odb.LoaderState:
+        return odb.LoaderState(
             epoch=self.epoch if epoch is None else epoch,
             num_samples=len(self.dataset),
             seed=self.config.seed,
@@ -579,16 +505,7 @@ class PlannedLoader:
 
 def _one_state(pieces: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
     """The whole state from a save's pieces (each is whole; they must agree)."""
-    if isinstance(pieces, Mapping):
-        pieces = [pieces]
-    if not isinstance(pieces, (list, tuple)) or not pieces:
-        raise TypeError(
-            "load_state_dict takes the state_dict() pieces of the saved ranks: a non-empty "
-            f"list of dicts, or one dict; got {type(pieces).__name__}"
-        )
-    for piece in pieces:
-        if not isinstance(piece, Mapping):
-            raise TypeError(f"a loader state piece must be a dict, got {type(piece).__name__}")
+    pieces = odb.state_pieces(pieces)
     first = {k: v for k, v in pieces[0].items() if k != RANK}
     for piece in pieces[1:]:
         if {k: v for k, v in piece.items() if k != RANK} != first:

@@ -22,7 +22,7 @@ The methods (every shuffle is seeded with ``seed``, which the loader sets to
   shuffled order), cut into fixed batches; each run of ``W`` adjacent batches is one
   step, so the ranks of a step hold batches of similar length; the steps are shuffled.
 * :class:`GMTPlan`: greedy token-budget groups over the sorted pool
-  (:func:`odb.grouping.form_groups`, the same cost seam as ODB), shuffled, dealt
+  (:func:`odb.form_groups`, the same cost seam as ODB), shuffled, dealt
   round-robin.
 * :class:`BMTPlan`: the same groups, sorted by cost; each run of ``W`` adjacent groups
   is one step (similar cost on every rank of a step), dealt in snake order (so no rank
@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from odb.budget import GroupMeasure, TokenBudget
-from odb.grouping import Item, form_groups
+import odb
 
 __all__ = [
     "BMTPlan",
@@ -167,7 +166,9 @@ class SortedPlan:
 
 
 def _items(pool: Sequence[int], lengths: Sequence[int], patches: Sequence[int] | None) -> list:
-    return [Item(i, int(lengths[i]), int(patches[i]) if patches is not None else 0) for i in pool]
+    return [
+        odb.Item(i, int(lengths[i]), int(patches[i]) if patches is not None else 0) for i in pool
+    ]
 
 
 @dataclass(frozen=True)
@@ -175,19 +176,21 @@ class GMTPlan:
     """Greedy token-budget groups over the sorted pool, shuffled, dealt round-robin.
 
     Example:
-        >>> GMTPlan(TokenBudget(8), lengths=(4, 4, 2, 2, 8), shuffle=False)(
+        >>> GMTPlan(odb.TokenBudget(8), lengths=(4, 4, 2, 2, 8), shuffle=False)(
         ...     range(5), world_size=2, seed=0)
         [[(4,), (2, 3)], [(0, 1), ()]]
     """
 
-    budget: TokenBudget
+    budget: odb.TokenBudget
     lengths: Sequence[int] = field(repr=False)
     patches: Sequence[int] | None = field(default=None, repr=False)
     shuffle: bool = True
 
     def groups(self, pool: Sequence[int]) -> list[Step]:
         """The groups, longest first (before shuffling)."""
-        return [g.keys for g in form_groups(_items(pool, self.lengths, self.patches), self.budget)]
+        return [
+            g.keys for g in odb.form_groups(_items(pool, self.lengths, self.patches), self.budget)
+        ]
 
     def __call__(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
         return deal(_shuffled(self.groups(pool), seed, self.shuffle), world_size)
@@ -201,19 +204,19 @@ class BMTPlan:
     the same notion of load as the budget itself.
 
     Example:
-        >>> BMTPlan(TokenBudget(8), lengths=(8, 4, 4, 3, 3, 2, 1), shuffle=False)(
+        >>> BMTPlan(odb.TokenBudget(8), lengths=(8, 4, 4, 3, 3, 2, 1), shuffle=False)(
         ...     range(7), world_size=2, seed=0)
         [[(0,), (5, 6)], [(1, 2), (3, 4)]]
     """
 
-    budget: TokenBudget
+    budget: odb.TokenBudget
     lengths: Sequence[int] = field(repr=False)
     patches: Sequence[int] | None = field(default=None, repr=False)
     shuffle: bool = True
 
     def __call__(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
         _check_world(world_size)
-        groups = form_groups(_items(pool, self.lengths, self.patches), self.budget)
+        groups = odb.form_groups(_items(pool, self.lengths, self.patches), self.budget)
         groups.sort(key=lambda g: (-self.budget.cost(g.measure), min(g.keys)))
         steps = []
         for j, start in enumerate(range(0, len(groups), world_size)):
@@ -234,12 +237,12 @@ class PackingPlan:
     on every placement, so an oversize sample still gets a row of its own.
 
     Example:
-        >>> PackingPlan(TokenBudget(8, "packed"), lengths=(5, 3, 6, 2, 1), shuffle=False)(
+        >>> PackingPlan(odb.TokenBudget(8, "packed"), lengths=(5, 3, 6, 2, 1), shuffle=False)(
         ...     range(5), world_size=2, seed=0)
         [[(2, 3), (4,)], [(0, 1), ()]]
     """
 
-    budget: TokenBudget
+    budget: odb.TokenBudget
     lengths: Sequence[int] = field(repr=False)
     shuffle: bool = True
 
@@ -257,7 +260,7 @@ class PackingPlan:
         rows = []
         while remaining:
             length, index = remaining.pop()
-            row, m = [index], GroupMeasure().plus(length)
+            row, m = [index], odb.GroupMeasure().plus(length)
             while remaining:
                 room = self.budget.max_tokens - m.sum_len
                 pos = bisect.bisect_right(remaining, (room, float("inf"))) - 1

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import odb
 from baselines.config import BaselineConfig
 from baselines.length_cache import LengthSource
 from baselines.loader import PlannedLoader
 from baselines.methods import BMTLoader, GMTLoader, PackingLoader, SortedLoader, StandardLoader
-from odb.loader import ODBLoader
 
 __all__ = ["METHODS", "Loader", "Method", "build_loader", "needs_lengths"]
 
@@ -67,14 +67,7 @@ def _baseline(cls: type[PlannedLoader]) -> Factory:
         lengths: LengthSource | None = None,
         **options: Any,
     ) -> Loader:
-        try:
-            config = BaselineConfig(token_budget=token_budget, **options)
-        except TypeError as exc:
-            if "unexpected keyword" in str(exc):
-                raise TypeError(
-                    f"{exc}; {cls.method!r} takes the fields of baselines.BaselineConfig"
-                ) from None
-            raise
+        config = BaselineConfig.from_options(token_budget, options=options)
         return cls(dataset, config, collate_fn=collate_fn, lengths=lengths)
 
     return factory
@@ -93,7 +86,7 @@ def _odb(
             "odb measures each sample after the pipeline; it takes no lengths=. "
             "Leave lengths=None (needs_lengths('odb') is False)"
         )
-    return ODBLoader(dataset, token_budget, collate_fn=collate_fn, **options)
+    return odb.ODBLoader(dataset, token_budget, collate_fn=collate_fn, **options)
 
 
 METHODS: Mapping[str, Method] = {

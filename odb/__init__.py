@@ -3,6 +3,13 @@
 Needs only torch. Framework adapters live in :mod:`odb.integrations` and import their
 framework lazily.
 
+Besides the loader, odb exports the base other loaders build on (the baselines in
+``baselines/`` do): the shared config fields (:class:`LoaderConfig`), the step-info
+rules (:func:`finish_batch`, :class:`WindowNormalizer`), the metrics with one
+definition of each figure (:class:`StepMetrics`), the private count group
+(:func:`open_rendezvous`, :class:`AlignmentGroup`), the resume state
+(:class:`LoaderState`), the grouper (:func:`form_groups`) and the argument checks.
+
 Example:
     >>> import odb
     >>> loader = odb.ODBLoader(dataset, token_budget=8192, num_workers=4)  # doctest: +SKIP
@@ -11,26 +18,51 @@ Example:
     ...     model(**batch, num_items_in_batch=info.loss_normalizer).loss.backward()
 """
 
-from odb.budget import GroupMeasure, TokenBudget
+from odb.budget import CostModel, GroupMeasure, TokenBudget
+from odb.checks import (
+    check_callables,
+    check_epoch,
+    check_int,
+    check_state_keys,
+    state_pieces,
+)
 from odb.collate import PadCollate
-from odb.comm import AlignmentTimeoutError
-from odb.config import ODBConfig
+from odb.comm import AlignmentGroup, AlignmentTimeoutError, open_rendezvous
+from odb.config import LoaderConfig, ODBConfig
 from odb.engine import PeerFailedError
+from odb.grouping import Item, form_groups
 from odb.loader import ODBLoader, wrap
-from odb.loss import count_loss_tokens
-from odb.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
+from odb.loss import WindowNormalizer, count_loss_tokens
+from odb.metrics import StepMetrics
+from odb.resume import LoaderState
+from odb.step_info import STEP_INFO_KEY, StepInfo, finish_batch, pop_step_info
 
 __all__ = [
     "STEP_INFO_KEY",
+    "AlignmentGroup",
     "AlignmentTimeoutError",
+    "CostModel",
     "GroupMeasure",
+    "Item",
+    "LoaderConfig",
+    "LoaderState",
     "ODBConfig",
     "ODBLoader",
     "PadCollate",
     "PeerFailedError",
     "StepInfo",
+    "StepMetrics",
     "TokenBudget",
+    "WindowNormalizer",
+    "check_callables",
+    "check_epoch",
+    "check_int",
+    "check_state_keys",
     "count_loss_tokens",
+    "finish_batch",
+    "form_groups",
+    "open_rendezvous",
     "pop_step_info",
+    "state_pieces",
     "wrap",
 ]

@@ -1,17 +1,27 @@
-"""The one typed, validated configuration object of an ODB loader.
+"""The typed, validated configuration objects of the loaders.
 
-Every knob of the loader is a field here, checked when the object is built, so a bad
-setting fails at construction with a message that names the value and says what to
-change. Nothing is read from the environment. Pure: imports neither torch.distributed
-nor multiprocessing.
+Every knob of a loader is a field of a frozen dataclass, checked when the object is
+built, so a bad setting fails at construction with a message that names the value and
+says what to change. Nothing is read from the environment.
+
+:class:`LoaderConfig` holds the fields every loader of this project shares (ODB's and
+the baselines' in ``baselines/``: budget, accumulation window, seed, workers, label
+accounting, the private group's timeouts), validated once, here. :class:`ODBConfig`
+adds what only ODB has. :meth:`LoaderConfig.from_options` builds any of them from a
+loader's keyword options and names an unknown option by comparing it with the
+fields. Pure: imports neither torch.distributed nor multiprocessing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from odb.budget import CostModel, TokenBudget
+from odb.checks import check_int
 
 Policy = Literal["balanced", "paper"]
 CollateMode = Literal["process", "thread"]
@@ -25,12 +35,7 @@ OVERSIZE_RULES: tuple[str, ...] = ("singleton", "error")
 SHARD_CHOICES: tuple[str, ...] = ("auto", "odb", "rank", "worker", "rank_worker")
 START_METHODS: tuple[str, ...] = ("fork", "spawn", "forkserver")
 
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+C = TypeVar("C", bound="LoaderConfig")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -43,27 +48,171 @@ def _check_positive_seconds(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
+def _check_bools(config: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise TypeError(f"{name} must be a bool, got {getattr(config, name)!r}")
+
+
 @dataclass(frozen=True)
-class ODBConfig:
-    """Settings of one ODB loader.
+class LoaderConfig:
+    """The fields every loader shares: ODB's (:class:`ODBConfig`) and the baselines'.
+
+    Subclasses add their own fields and extend ``__post_init__``; the shared fields are
+    declared and validated here only.
 
     Attributes:
-        token_budget: Maximum cost of a multi-sample group, in tokens (see ``cost_model``).
+        token_budget: Most tokens one step may cost (see the subclass's ``cost_model``).
+        max_patches: Optional second budget on the visual patches of one step.
+        grad_accum_steps: Micro-steps per optimizer step; the loss normalizer covers the
+            global loss tokens of this whole gradient-accumulation window.
+        seed: Seed of every per-epoch shuffle (``seed + epoch``).
+        shuffle: Shuffle the dataset each epoch (seeded with ``seed + epoch``).
+        num_workers: DataLoader worker processes that run the dataset.
+        prefetch_factor: Items each worker keeps in flight (DataLoader semantics: single
+            samples for ODB, batches for the baselines); None keeps PyTorch's default.
+        length_key: Sample field whose length is the sample's length (when the loader is
+            given no ``length_fn``).
+        label_key: Field of the collated batch that holds the labels.
+        ignore_index: Label value that carries no loss.
+        shift_labels: Count loss tokens after the causal shift (``labels[..., 1:]``).
+        align_timeout_s: Longest wait of one collective of the loader's private Gloo
+            group. A peer that is gone or slower than this makes every rank raise
+            instead of hanging.
+        init_timeout_s: Longest wait for the private group's rendezvous.
+        rendezvous_host: Address of rank 0 that peers can reach; None means rank 0's
+            host name.
+
+    Example:
+        >>> LoaderConfig(token_budget=8192, grad_accum_steps=2).grad_accum_steps
+        2
+    """
+
+    token_budget: int
+    max_patches: int | None = None
+    grad_accum_steps: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    length_key: str = "input_ids"
+    label_key: str = "labels"
+    ignore_index: int = -100
+    shift_labels: bool = True
+    align_timeout_s: float = 1800.0
+    init_timeout_s: float = 300.0
+    rendezvous_host: str | None = None
+
+    def __post_init__(self) -> None:
+        check_int("token_budget", self.token_budget, 1)
+        # TokenBudget checks max_patches with its own message (the cost model is the
+        # subclass's, checked there).
+        TokenBudget(self.token_budget, "padded", self.max_patches)
+        _check_bools(self, ("shuffle", "shift_labels"))
+        check_int("grad_accum_steps", self.grad_accum_steps, 1)
+        check_int("seed", self.seed, 0)
+        check_int("num_workers", self.num_workers, 0)
+        if self.prefetch_factor is not None:
+            check_int("prefetch_factor", self.prefetch_factor, 1)
+            if self.num_workers == 0:
+                raise ValueError(
+                    "prefetch_factor needs num_workers > 0 (DataLoader semantics); "
+                    "set num_workers or leave prefetch_factor=None"
+                )
+        check_int("ignore_index", self.ignore_index, -(2**62))
+        _check_positive_seconds("align_timeout_s", self.align_timeout_s)
+        _check_positive_seconds("init_timeout_s", self.init_timeout_s)
+        for name in ("length_key", "label_key"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty str, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_options(
+        cls: type[C],
+        token_budget: int | None = None,
+        config: C | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> C:
+        """The config of a loader built from ``config=`` or from ``token_budget`` + options.
+
+        A loader takes either a whole config or the budget and any other fields as
+        keyword options; this is the one place that turns either into a config.
+        Unknown options are found by comparing their names with the fields (closest
+        field suggested), never by reading an exception's text.
+
+        Args:
+            token_budget: The budget, when no ``config`` is given.
+            config: A whole config of this class.
+            options: Other fields of this class, when no ``config`` is given.
+
+        Raises:
+            ValueError: Both or neither of ``config`` and ``token_budget`` given, or
+                ``token_budget`` also among the options.
+            TypeError: ``config`` is not a ``cls``, or an option is not a field of
+                ``cls`` (the message names it and the closest field).
+
+        Example:
+            >>> ODBConfig.from_options(8192, options={"grad_accum_steps": 2}).grad_accum_steps
+            2
+            >>> ODBConfig.from_options(8192, options={"grad_acum_steps": 2})  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            TypeError: unknown option 'grad_acum_steps' (did you mean 'grad_accum_steps'?); ...
+        """
+        options = dict(options or {})
+        name = _public_name(cls)
+        if config is not None:
+            if token_budget is not None or options:
+                raise ValueError(
+                    f"give either config={cls.__name__}(...) or token_budget and options, not both"
+                )
+            if not isinstance(config, cls):
+                raise TypeError(
+                    f"config must be an instance of {name}, got {type(config).__name__}"
+                )
+            return config
+        if token_budget is None:
+            raise ValueError(
+                "token_budget is required (the most tokens one step may cost), "
+                "e.g. token_budget=8192"
+            )
+        if "token_budget" in options:
+            raise ValueError("token_budget is given twice; pass it once, as token_budget=")
+        fields = [f.name for f in dataclasses.fields(cls) if f.init]
+        unknown = [key for key in options if key not in fields]
+        if unknown:
+            raise TypeError(_unknown_options(unknown, fields, name))
+        return cls(token_budget=token_budget, **options)
+
+
+def _public_name(cls: type) -> str:
+    """``odb.ODBConfig``, ``baselines.BaselineConfig``: where users import it from."""
+    return f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
+
+
+def _unknown_options(unknown: list[str], fields: list[str], owner: str) -> str:
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, fields, n=1)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    noun = "option" if len(unknown) == 1 else "options"
+    return (
+        f"unknown {noun} {', '.join(named)}; valid options are the fields of {owner}: "
+        f"{sorted(fields)}"
+    )
+
+
+@dataclass(frozen=True)
+class ODBConfig(LoaderConfig):
+    """Settings of one ODB loader: the shared :class:`LoaderConfig` fields and these.
+
+    Attributes:
         cost_model: ``"padded"`` (``max_len * n``, what a padded batch costs) or
             ``"packed"`` (``sum(len)``, for a varlen/packed model path).
-        max_patches: Optional second budget on visual patches per group.
         policy: Target rule of the alignment protocol: ``"balanced"`` or ``"paper"``.
         join: True: every rank takes part until every rank is exhausted (identity
             coverage). False: the epoch ends when the first rank runs dry; what is left
             is carried into the next epoch (quota closure).
-        grad_accum_steps: Micro-steps per optimizer step; the loss normalizer covers the
-            global loss tokens of this whole window.
-        seed: Seed of the per-epoch shuffle of the sampler views.
-        shuffle: Shuffle the dataset each epoch (seeded with ``seed + epoch``).
-        num_workers: DataLoader worker processes that run the dataset (0: in the
-            collate side itself).
-        prefetch_factor: Samples each worker keeps in flight (DataLoader semantics;
-            None keeps PyTorch's default). Outstanding depth D = workers * factor.
         window_budgets: Size of the grouping window, in budgets' worth of tokens: the
             collate side keeps reading until its buffer holds this many budgets of tokens.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
@@ -72,18 +221,8 @@ class ODBConfig:
         age_limit: Rounds after which a waiting sample is emitted before fuller groups.
         oversize: What a sample longer than the budget does: ``"singleton"`` (own group,
             counted in the metrics) or ``"error"`` (raise).
-        length_key: Sample field whose length is the sample's length (when the loader is
-            given no ``length_fn``).
-        label_key: Field of the collated batch that holds the labels.
-        ignore_index: Label value that carries no loss.
-        shift_labels: Count loss tokens after the causal shift (``labels[..., 1:]``).
         collate_mode: ``"process"`` (a dedicated collate process per rank) or
             ``"thread"`` (a thread in the trainer process; for debugging).
-        align_timeout_s: Longest wait of one alignment collective. A peer that is gone
-            or slower than this makes every rank raise instead of hanging.
-        init_timeout_s: Longest wait for the alignment group's rendezvous.
-        rendezvous_host: Address of rank 0 that peers can reach; None means rank 0's
-            host name.
         shard: Who decides which samples a rank reads. ``"odb"``: every rank holds the
             same dataset (or global sampler) and ODB deals it. ``"rank"``: each rank's
             dataset or sampler is already its own (pre-sharded data, a
@@ -102,34 +241,23 @@ class ODBConfig:
         start_timeout_s: Longest wait for a collate process to start and take its
             work (the start-up handshake); past it the loader raises instead of hanging.
 
+    ODB's workers run in the collate side (``num_workers=0``: the collate side reads
+    the dataset itself), and its ``align_timeout_s`` bounds one alignment collective.
+
     Example:
         >>> ODBConfig(token_budget=8192, policy="balanced").token_budget
         8192
     """
 
-    token_budget: int
     cost_model: CostModel = "padded"
-    max_patches: int | None = None
     policy: Policy = "balanced"
     join: bool = True
-    grad_accum_steps: int = 1
-    seed: int = 0
-    shuffle: bool = True
-    num_workers: int = 0
-    prefetch_factor: int | None = None
     window_budgets: int = 64
     buffer_size: int = 4096
     queue_depth: int = 8
     age_limit: int = 16
     oversize: OversizeRule = "singleton"
-    length_key: str = "input_ids"
-    label_key: str = "labels"
-    ignore_index: int = -100
-    shift_labels: bool = True
     collate_mode: CollateMode = "process"
-    align_timeout_s: float = 1800.0
-    init_timeout_s: float = 300.0
-    rendezvous_host: str | None = None
     shard: Shard = "auto"
     worker_start_method: StartMethod | None = None
     worker_timeout_s: float = 0.0
@@ -137,8 +265,8 @@ class ODBConfig:
     start_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        _check_int("token_budget", self.token_budget, 1)
-        _ = self.budget  # validates cost_model and max_patches through TokenBudget
+        super().__post_init__()
+        _ = self.budget  # validates cost_model through TokenBudget
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("collate_mode", self.collate_mode, COLLATE_MODES)
         _check_choice("oversize", self.oversize, OVERSIZE_RULES)
@@ -154,29 +282,11 @@ class ODBConfig:
                 f"worker_timeout_s must be a number of seconds >= 0, got {self.worker_timeout_s!r}"
             )
         _check_positive_seconds("start_timeout_s", self.start_timeout_s)
-        for name in ("join", "shuffle", "shift_labels", "pin_memory"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        _check_int("grad_accum_steps", self.grad_accum_steps, 1)
-        _check_int("seed", self.seed, 0)
-        _check_int("num_workers", self.num_workers, 0)
-        if self.prefetch_factor is not None:
-            _check_int("prefetch_factor", self.prefetch_factor, 1)
-            if self.num_workers == 0:
-                raise ValueError(
-                    "prefetch_factor needs num_workers > 0 (DataLoader semantics); "
-                    "set num_workers or leave prefetch_factor=None"
-                )
-        _check_int("window_budgets", self.window_budgets, 1)
-        _check_int("buffer_size", self.buffer_size, 1)
-        _check_int("queue_depth", self.queue_depth, 1)
-        _check_int("age_limit", self.age_limit, 1)
-        _check_int("ignore_index", self.ignore_index, -(2**62))
-        _check_positive_seconds("align_timeout_s", self.align_timeout_s)
-        _check_positive_seconds("init_timeout_s", self.init_timeout_s)
-        for name in ("length_key", "label_key"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"{name} must be a non-empty str, got {getattr(self, name)!r}")
+        _check_bools(self, ("join", "pin_memory"))
+        check_int("window_budgets", self.window_budgets, 1)
+        check_int("buffer_size", self.buffer_size, 1)
+        check_int("queue_depth", self.queue_depth, 1)
+        check_int("age_limit", self.age_limit, 1)
 
     @property
     def budget(self) -> TokenBudget:

@@ -3,6 +3,8 @@
 Every batch an ODB loader (or a baseline loader) yields is a dict that carries one
 :class:`StepInfo` under :data:`STEP_INFO_KEY`. The training loop pops it with
 :func:`pop_step_info` before ``model(**batch)``, so the model never sees it.
+:func:`finish_batch` is the one place a loader checks a collated batch, masks an IDLE
+step's labels and counts the loss tokens its step info reports.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from odb.config import LoaderConfig
+from odb.loss import count_loss_tokens
 
 STEP_INFO_KEY = "odb_step_info"
 
@@ -89,3 +94,49 @@ def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
             "loader, or pop_step_info was already called on it"
         )
     return batch.pop(STEP_INFO_KEY)
+
+
+def finish_batch(batch: Any, config: LoaderConfig, *, idle: bool) -> int:
+    """Check a collated batch, mask every label of an IDLE step, return its loss tokens.
+
+    An IDLE step is a real batch (one sample this rank has seen, real shapes) whose
+    labels are all ``ignore_index``: it contributes exactly zero loss and gradient
+    while the step's collectives still fire. The label tensor is replaced, not written
+    in place, so a collate that returns a view of a sample never alters the sample.
+
+    Args:
+        batch: What the loader's ``collate_fn`` returned.
+        config: The loader's config (``label_key``, ``ignore_index``, ``shift_labels``).
+        idle: Whether the batch is an IDLE step.
+
+    Returns:
+        Labels that carry loss (0 for an IDLE step), after the causal shift when
+        ``config.shift_labels``: the step info's ``local_loss_tokens``.
+
+    Raises:
+        TypeError: The batch is not a dict (the step info could not ride along).
+        ValueError: The batch has no label tensor under ``config.label_key``.
+
+    Example:
+        >>> import torch
+        >>> batch = {"labels": torch.tensor([[5, 6, -100]])}
+        >>> finish_batch(batch, LoaderConfig(token_budget=8), idle=False)
+        1
+        >>> finish_batch(batch, LoaderConfig(token_budget=8), idle=True), batch["labels"]
+        (0, tensor([[-100, -100, -100]]))
+    """
+    if not isinstance(batch, MutableMapping):
+        raise TypeError(
+            f"collate_fn returned a {type(batch).__name__}; the loader needs a dict batch "
+            f"so it can attach the step info (popped with odb.pop_step_info)"
+        )
+    labels = batch.get(config.label_key)
+    if not hasattr(labels, "new_full"):
+        raise ValueError(
+            f"collate_fn output has no label tensor {config.label_key!r} (keys: "
+            f"{sorted(batch)}); the loader counts loss tokens from it and masks it for "
+            "IDLE steps. Set label_key to the field that holds the labels"
+        )
+    if idle:
+        batch[config.label_key] = labels.new_full(labels.shape, config.ignore_index)
+    return count_loss_tokens(batch, config.label_key, config.ignore_index, config.shift_labels)

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from odb.budget import TokenBudget
-from odb.config import ODBConfig
+from odb.config import LoaderConfig, ODBConfig
 
 # (field overrides, exception, fragments the message must contain)
 BAD = [
@@ -141,3 +141,79 @@ def test_config_is_frozen():
     # dataclasses.replace re-validates.
     with pytest.raises(ValueError, match="queue_depth"):
         dataclasses.replace(cfg, queue_depth=0)
+
+
+# --- the shared base and from_options ------------------------------------------------
+
+
+def test_shared_fields_are_declared_once_in_loader_config():
+    from baselines import BaselineConfig
+
+    shared = {f.name for f in dataclasses.fields(LoaderConfig)}
+    odb_fields = {f.name for f in dataclasses.fields(ODBConfig)}
+    baseline_fields = {f.name for f in dataclasses.fields(BaselineConfig)}
+    # cost_model differs on purpose: ODB's defaults to "padded", the baselines' None
+    # takes each method's own.
+    assert odb_fields & baseline_fields == shared | {"cost_model"}
+    assert issubclass(ODBConfig, LoaderConfig) and issubclass(BaselineConfig, LoaderConfig)
+    # The shared checks run for the baselines too, NaN timeouts included.
+    for overrides, exc, _ in BAD:
+        if set(overrides) <= shared:
+            with pytest.raises(exc):
+                BaselineConfig(**(dict(token_budget=64) | overrides))
+
+
+def test_from_options_builds_the_config():
+    cfg = ODBConfig.from_options(64, options={"grad_accum_steps": 2, "policy": "paper"})
+    assert cfg == ODBConfig(token_budget=64, grad_accum_steps=2, policy="paper")
+    assert ODBConfig.from_options(config=cfg) is cfg
+    assert ODBConfig.from_options(64) == ODBConfig(token_budget=64)
+
+
+@pytest.mark.parametrize(
+    "options, fragments",
+    [
+        ({"grad_acum_steps": 2}, ["'grad_acum_steps'", "did you mean 'grad_accum_steps'"]),
+        ({"tokens_per_batch": 8}, ["'tokens_per_batch'", "odb.ODBConfig", "token_budget"]),
+        ({"zzz": 1, "polcy": "paper"}, ["options 'zzz', 'polcy' (did you mean 'policy'?)"]),
+    ],
+)
+def test_from_options_names_unknown_options(options, fragments):
+    with pytest.raises(TypeError) as err:
+        ODBConfig.from_options(64, options=options)
+    for fragment in fragments:
+        assert fragment in str(err.value), (fragment, str(err.value))
+
+
+def test_from_options_names_the_config_class_of_the_caller():
+    from baselines import BaselineConfig
+
+    with pytest.raises(
+        TypeError,
+        match=r"'batchsize' \(did you mean 'batch_size'\?\).*"
+        r"fields of baselines\.BaselineConfig",
+    ):
+        BaselineConfig.from_options(64, options={"batchsize": 4})
+    # Fields of the other loader's config are unknown here, by name.
+    with pytest.raises(TypeError, match="'policy'"):
+        BaselineConfig.from_options(64, options={"policy": "paper"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(token_budget=64, config=ODBConfig(token_budget=64)), ValueError, "not both"),
+        (dict(config=ODBConfig(token_budget=64), options={"seed": 1}), ValueError, "not both"),
+        (
+            dict(config=LoaderConfig(token_budget=64)),
+            TypeError,
+            "must be an instance of odb.ODBConfig",
+        ),
+        (dict(options={"seed": 1}), ValueError, "token_budget is required"),
+        (dict(token_budget=64, options={"token_budget": 8}), ValueError, "given twice"),
+        (dict(token_budget=0), ValueError, "token_budget must be >= 1"),
+    ],
+)
+def test_from_options_refuses_ambiguous_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        ODBConfig.from_options(**kwargs)

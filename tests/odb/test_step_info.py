@@ -13,9 +13,21 @@ from odb.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
 
 
 def info(**overrides) -> StepInfo:
-    fields = dict(epoch=0, step=3, round=1, idle=False, sample_ids=(4, 9), local_samples=2,
-                  global_samples=5, local_loss_tokens=11, global_loss_tokens=30,
-                  window_loss_tokens=30, loss_normalizer=15.0, world_size=2, rank=1)
+    fields = dict(
+        epoch=0,
+        step=3,
+        round=1,
+        idle=False,
+        sample_ids=(4, 9),
+        local_samples=2,
+        global_samples=5,
+        local_loss_tokens=11,
+        global_loss_tokens=30,
+        window_loss_tokens=30,
+        loss_normalizer=15.0,
+        world_size=2,
+        rank=1,
+    )
     return StepInfo(**(fields | overrides))
 
 
@@ -43,8 +55,14 @@ def test_pop_step_info_on_a_foreign_batch_raises_key_error():
 
 @pytest.mark.parametrize(
     "batch",
-    [[1, 2], (STEP_INFO_KEY,), "batch", None, 3,
-     types.MappingProxyType({STEP_INFO_KEY: "x"})],  # read-only mapping: cannot pop
+    [
+        [1, 2],
+        (STEP_INFO_KEY,),
+        "batch",
+        None,
+        3,
+        types.MappingProxyType({STEP_INFO_KEY: "x"}),
+    ],  # read-only mapping: cannot pop
 )
 def test_pop_step_info_rejects_non_mutable_mappings(batch):
     with pytest.raises(TypeError, match=type(batch).__name__):
@@ -60,3 +78,45 @@ def test_step_info_is_frozen_and_idle_shape():
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.step = 4  # type: ignore[misc]
     assert record.idle and record.sample_ids == () and record.local_samples == 0
+
+
+# --- finish_batch: the check, IDLE mask and loss-token count every loader shares ------
+
+
+def test_finish_batch_counts_loss_tokens_after_the_shift():
+    import torch
+
+    from odb.config import LoaderConfig
+
+    labels = torch.tensor([[7, 8, 9, -100], [-100, 5, -100, -100]])
+    assert odb.finish_batch({"labels": labels}, LoaderConfig(token_budget=8), idle=False) == 3
+    unshifted = LoaderConfig(token_budget=8, shift_labels=False)
+    assert odb.finish_batch({"labels": labels}, unshifted, idle=False) == 4
+
+
+def test_finish_batch_masks_an_idle_step_without_touching_the_sample():
+    import torch
+
+    from odb.config import LoaderConfig
+
+    sample_labels = torch.tensor([[1, 2, 3]])
+    batch = {"input_ids": torch.tensor([[4, 5, 6]]), "labels": sample_labels}  # a view
+    config = LoaderConfig(token_budget=8, ignore_index=-1)
+    assert odb.finish_batch(batch, config, idle=True) == 0
+    assert batch["labels"].tolist() == [[-1, -1, -1]] and batch["labels"].dtype == torch.int64
+    assert sample_labels.tolist() == [[1, 2, 3]]  # replaced, not written in place
+
+
+@pytest.mark.parametrize(
+    "batch, exc, fragment",
+    [
+        ([1, 2], TypeError, "returned a list"),
+        ({"input_ids": [1]}, ValueError, "no label tensor 'labels'"),
+        ({"labels": [1, 2]}, ValueError, "no label tensor 'labels'"),
+    ],
+)
+def test_finish_batch_refuses_what_cannot_carry_a_step(batch, exc, fragment):
+    from odb.config import LoaderConfig
+
+    with pytest.raises(exc, match=fragment):
+        odb.finish_batch(batch, LoaderConfig(token_budget=8), idle=False)
