@@ -100,12 +100,24 @@ def deal_steps(steps: Sequence[Sequence[Step]], world_size: int) -> Plan:
 
 
 def check_plan(plan: Plan, pool: Sequence[int]) -> None:
-    """Raises AssertionError unless ranks have equal step counts and the plan covers
-    ``pool`` exactly once (the two invariants every plan keeps)."""
+    """Refuse a plan that breaks the two invariants every plan keeps.
+
+    Checked on every plan a loader runs (also under ``python -O``), so a planner bug
+    is an error before the epoch starts, never a silently dropped or repeated sample.
+
+    Raises:
+        RuntimeError: The ranks have different step counts, or the plan does not cover
+            ``pool`` exactly once.
+    """
     counts = {len(steps) for steps in plan}
-    assert len(counts) <= 1, f"ranks have different step counts: {sorted(counts)}"
+    if len(counts) > 1:
+        raise RuntimeError(f"plan bug: ranks have different step counts {sorted(counts)}")
     emitted = sorted(i for steps in plan for step in steps for i in step)
-    assert emitted == sorted(pool), "the plan does not cover the pool exactly once"
+    if emitted != sorted(pool):
+        raise RuntimeError(
+            f"plan bug: the plan emits {len(emitted)} indices for a pool of {len(pool)}, "
+            "not each exactly once"
+        )
 
 
 def _check_world(world_size: int) -> None:

@@ -165,3 +165,10 @@ def test_random_pools_keep_the_invariants() -> None:
         world = rng.randint(1, 6)
         for planner in _planners(lengths).values():
             check_plan(planner(pool, world, rng.randint(0, 99)), pool)
+
+
+def test_check_plan_refuses_a_plan_that_drops_repeats_or_misaligns() -> None:
+    check_plan([[(0, 1)], [(2,)]], [0, 1, 2])
+    for plan in ([[(0, 1)], [()]], [[(0, 1)], [(1, 2)]], [[(0,), (1,)], [(2,)]]):
+        with pytest.raises(RuntimeError, match="plan bug"):
+            check_plan(plan, [0, 1, 2])
