@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from odb.checks import check_state_keys, state_pieces
 from odb.sharding import epoch_order
 
 VERSION = "version"
@@ -160,13 +161,7 @@ class LoaderState:
         if not isinstance(state, dict):
             raise TypeError(f"loader state must be a dict, got {type(state).__name__}")
         state = dict(state)
-        missing = [k for k in STATE_KEYS if k not in state]
-        unknown = sorted(set(state) - set(STATE_KEYS))
-        if missing or unknown:
-            raise ValueError(
-                f"loader state has missing keys {missing} and unknown keys "
-                f"{unknown}; pass the dict returned by ODBLoader.state_dict()"
-            )
+        check_state_keys(state, STATE_KEYS, "ODBLoader")
         if state.pop(VERSION) != STATE_VERSION:
             raise ValueError(f"loader state version must be {STATE_VERSION}")
         return cls._from_fields(state)
@@ -239,13 +234,7 @@ class StatePiece:
         if piece.get(VERSION) == STATE_VERSION:  # a whole state from before pieces
             return cls(0, 1, "odb", 0, LoaderState.from_dict(piece))
         piece = dict(piece)
-        missing = [k for k in PIECE_KEYS if k not in piece]
-        unknown = sorted(set(piece) - set(PIECE_KEYS))
-        if missing or unknown:
-            raise ValueError(
-                f"loader state piece has missing keys {missing} and unknown keys "
-                f"{unknown}; pass the dicts returned by ODBLoader.state_dict()"
-            )
+        check_state_keys(piece, PIECE_KEYS, "ODBLoader")
         if piece.pop(VERSION) != PIECE_VERSION:
             raise ValueError(f"loader state piece version must be {PIECE_VERSION}")
         head = (piece.pop(RANK), piece.pop(WORLD_SIZE), piece.pop(SHARD), piece.pop(NUM_WORKERS))
@@ -254,14 +243,7 @@ class StatePiece:
 
 def parse_pieces(pieces: Any) -> list[StatePiece]:
     """The pieces passed to ``load_state_dict``: one dict, or a list of them (any order)."""
-    if isinstance(pieces, dict):
-        pieces = [pieces]
-    if not isinstance(pieces, (list, tuple)) or not pieces:
-        raise TypeError(
-            "load_state_dict takes the state_dict() of every saved rank: a non-empty list "
-            f"of dicts (or one dict for a single-rank run), got {type(pieces).__name__}"
-        )
-    return [StatePiece.from_dict(piece) for piece in pieces]
+    return [StatePiece.from_dict(dict(piece)) for piece in state_pieces(pieces)]
 
 
 def check_pieces(pieces: Sequence[StatePiece], need: Sequence[int] | None = None) -> None:
