@@ -10,17 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from odb.checks import check_int
+
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 VAL_LOSS_DATASETS: tuple[str, ...] = ("ultrachat", "llava", "sharegpt4o", "mmmix")
 MMMU_HUB_ID = "MMMU/MMMU"
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -102,11 +97,11 @@ class ValLossConfig(_Common):
                 )
         else:
             _check_text("source", self.source)
-            _check_int("holdout_samples", self.holdout_samples, 1)
-        _check_int("max_samples", self.max_samples, 0)
-        _check_int("token_budget", self.token_budget, 1)
-        _check_int("image_max_pixels", self.image_max_pixels, 1)
-        _check_int("cutoff_len", self.cutoff_len, 16)
+            check_int("holdout_samples", self.holdout_samples, 1)
+        check_int("max_samples", self.max_samples, 0)
+        check_int("token_budget", self.token_budget, 1)
+        check_int("image_max_pixels", self.image_max_pixels, 1)
+        check_int("cutoff_len", self.cutoff_len, 16)
 
 
 @dataclass(frozen=True)
@@ -139,9 +134,9 @@ class MMLUConfig(_Common):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_text("task", self.task)
-        _check_int("num_fewshot", self.num_fewshot, 0)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("limit", self.limit, 0)
+        check_int("num_fewshot", self.num_fewshot, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("limit", self.limit, 0)
         if not isinstance(self.apply_chat_template, bool):
             raise TypeError(f"apply_chat_template must be a bool, got {self.apply_chat_template!r}")
         if self.task_files is not None and self.task != "mmlu_local":
@@ -183,14 +178,14 @@ class MMMUConfig(_Common):
             raise TypeError(f"subjects must be a tuple of subject names, got {self.subjects!r}")
         for s in self.subjects:
             _check_choice("subject", s, tuple(SUBJECT_CATEGORY))
-        _check_int("image_max_pixels", self.image_max_pixels, 1)
-        _check_int("image_min_pixels", self.image_min_pixels, 1)
+        check_int("image_max_pixels", self.image_max_pixels, 1)
+        check_int("image_min_pixels", self.image_min_pixels, 1)
         if self.image_min_pixels > self.image_max_pixels:
             raise ValueError(
                 f"Need image_min_pixels <= image_max_pixels, got "
                 f"{self.image_min_pixels} and {self.image_max_pixels}"
             )
-        _check_int("limit", self.limit, 0)
+        check_int("limit", self.limit, 0)
 
 
 @dataclass(frozen=True)
@@ -205,4 +200,4 @@ class MMMUGenConfig(MMMUConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
