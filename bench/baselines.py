@@ -10,9 +10,10 @@ preprocessing pipeline with a locally trained tokenizer) this benchmark
    planners (:mod:`baselines.plans`; Sorted uses the cache too, its best case) and
    simulates ODB with :func:`bench.simulate.simulate` (the real round protocol);
 3. reports per method: steps per epoch, padding efficiency (real / occupied tokens),
-   budget fill (mean cost / budget over real steps), IDLE steps, dropped samples, and,
-   for the baselines, the step imbalance across ranks (mean over steps of the largest
-   rank cost over the mean rank cost) and the critical path (sum over steps of the
+   budget fill (mean cost / budget over real steps), IDLE steps, dropped samples
+   (counted: samples that no step holds), and, for the baselines, the step imbalance
+   across ranks (mean over steps of the largest rank cost over the mean rank cost) and
+   the critical path (sum over steps of the
    largest rank cost, in M tokens: the padded-token work the slowest rank sets).
 
 No augmentation, so realised lengths equal the cached ones and no budget is violated.
@@ -112,7 +113,7 @@ def plan_stats(plan: Plan, lengths: np.ndarray, budget: TokenBudget) -> dict:
         "padding_efficiency": round(real / occupied, 4),
         "budget_fill": round(float(np.mean(fills)), 4),
         "idle_steps": sum(1 for steps in plan for s in steps if not s),
-        "dropped": 0,
+        "dropped": len(lengths) - len({i for steps in plan for s in steps for i in s}),
         "step_imbalance": round(float(np.mean(ratios)), 4) if ratios else 1.0,
         "critical_path_Mtokens": round(critical / 1e6, 3),
     }
@@ -141,13 +142,15 @@ def baseline(method: str, lengths: np.ndarray, budget: int, world: int, cutoff: 
 
 
 def odb_row(lengths: np.ndarray, budget: int, world: int, seed: int) -> dict:
-    s = summarize(simulate(lengths, ODBConfig(token_budget=budget, seed=seed), world_size=world))
+    result = simulate(lengths, ODBConfig(token_budget=budget, seed=seed), world_size=world)
+    emitted = {i for rank in result.ranks for step in rank.ids for i in step}
+    s = summarize(result)
     return {
         "steps": s["steps"],
         "padding_efficiency": s["padding_efficiency"],
         "budget_fill": s["mean_fill"],
         "idle_steps": s["idle_steps"],
-        "dropped": 0,
+        "dropped": len(lengths) - len(emitted),
         "step_imbalance": None,  # the simulator does not keep per-step rank pairing
         "critical_path_Mtokens": None,
     }
