@@ -1,17 +1,21 @@
-"""`import odb` must work with torch alone: no heavy framework may be imported with it."""
+"""`import odb` must work with torch alone: no heavy framework may be imported with it,
+nor with `import odb.integrations` (each adapter imports its framework only itself)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ["transformers", "deepspeed", "datasets", "peft", "lm_eval", "snakemake"]
+import pytest
+
+HEAVY = ["transformers", "accelerate", "deepspeed", "datasets", "peft", "lm_eval", "snakemake"]
 
 
-def test_import_odb_pulls_in_no_framework():
+@pytest.mark.parametrize("module", ["odb", "odb.integrations"])
+def test_import_odb_pulls_in_no_framework(module):
     # A fresh interpreter, because this test process may already have imported any of them.
     code = (
-        "import json, sys; import odb; "
+        f"import json, sys; import {module}; "
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
     )
     proc = subprocess.run(
@@ -20,6 +24,6 @@ def test_import_odb_pulls_in_no_framework():
         text=True,
         cwd=Path(__file__).resolve().parents[1],
     )
-    assert proc.returncode == 0, f"`import odb` failed:\n{proc.stderr}"
+    assert proc.returncode == 0, f"`import {module}` failed:\n{proc.stderr}"
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert loaded == [], f"`import odb` imported {loaded}; import them lazily instead"
+    assert loaded == [], f"`import {module}` imported {loaded}; import them lazily instead"

@@ -1,0 +1,85 @@
+"""ODB in an Accelerate loop: ``prepare`` leaves the loader alone, ``windows`` trains it.
+
+    torchrun --nproc_per_node 2 examples/accelerate_loop.py        # CPU, Gloo, ~20 s
+    accelerate launch --num_processes 8 examples/accelerate_loop.py  # one GPU node
+
+``odb.integrations.accelerate.prepare`` prepares the model and optimizer and hands the
+ODB loader back untouched (Accelerate would shard and re-batch a DataLoader; ODB's
+batches are already per rank and aligned). ``windows`` yields one gradient-accumulation
+window per optimizer step: batches on ``accelerator.device``, ``no_sync`` on all but the
+last micro-step. The Accelerator keeps ``gradient_accumulation_steps=1``: the loss
+``sum(token losses) / info.loss_normalizer`` already covers the window. ``ProgressLR``
+decays the rate with the fraction of the data trained on.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tiny import RandomTokens, tiny_model  # examples/tiny.py
+
+import odb
+from odb.integrations import ProgressLR
+from odb.integrations.accelerate import prepare, windows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--record", type=Path, help="write what each rank trained on here")
+    args = parser.parse_args()
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # starts the process group
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loader = odb.ODBLoader(
+        RandomTokens(args.samples), token_budget=512, num_workers=1, grad_accum_steps=2
+    )
+    model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
+    epoch = 0
+    scheduler = ProgressLR(
+        optimizer,
+        lambda done: 1.0 - done,  # linear decay to 0 over the data
+        progress=lambda: (epoch + loader.progress()) / args.epochs,
+    )
+
+    record = []
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        for window in windows(accelerator, model, loader):
+            lr = optimizer.param_groups[0]["lr"]
+            for batch, info in window:  # every micro-step but the last under no_sync
+                loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
+                window.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()  # the rate for the next window, from the progress reached
+            record.append(
+                {
+                    "ids": [i for info in window.infos for i in info.sample_ids],
+                    "micro": len(window),
+                    "idle": window.idle_steps,
+                    "lr": lr,
+                }
+            )
+            if args.record is not None and len(record) == 1 and accelerator.is_main_process:
+                args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
+                torch.save(accelerator.unwrap_model(model).state_dict(), args.record / "step1.pt")
+        accelerator.print(
+            f"epoch {epoch}: {len(record)} windows so far, lr now "
+            f"{optimizer.param_groups[0]['lr']:.3g}"
+        )
+
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
+        path = args.record / f"rank{accelerator.process_index}.json"
+        path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
+    accelerator.end_training()
+
+
+if __name__ == "__main__":  # ODB's collate process needs the guard
+    main()

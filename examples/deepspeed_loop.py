@@ -1,0 +1,93 @@
+"""ODB in a DeepSpeed engine loop (ZeRO-2), with the exact loss.
+
+    torchrun --nproc_per_node 2 examples/deepspeed_loop.py        # CPU, Gloo, ~30 s
+    deepspeed --num_gpus 8 examples/deepspeed_loop.py --epochs 3   # one GPU node
+
+``odb.integrations.deepspeed.windows`` yields one gradient-accumulation window per
+optimizer step and sets DeepSpeed's window boundary itself (an epoch's last window may
+be shorter than ``gradient_accumulation_steps``); ``window.backward`` runs
+``engine.backward(loss, scale_wrt_gas=False)`` (the loss ``sum(token losses) /
+info.loss_normalizer`` already covers the window) and ``engine.step()``. IDLE steps are
+zero-loss micro-steps, so every rank's ZeRO reduce-scatter fires in step.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from tiny import RandomTokens, tiny_model  # examples/tiny.py
+
+import odb
+from odb.integrations import ProgressLR
+from odb.integrations.deepspeed import windows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--record", type=Path, help="write what each rank trained on here")
+    args = parser.parse_args()
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    loader = odb.ODBLoader(
+        RandomTokens(args.samples), token_budget=512, num_workers=1, grad_accum_steps=2
+    )
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    epoch = 0
+    scheduler = ProgressLR(
+        optimizer,
+        lambda done: 1.0 - done,  # linear decay over the data
+        progress=lambda: (epoch + loader.progress()) / args.epochs,
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's bookkeeping; ODB sizes batches
+        "gradient_accumulation_steps": loader.config.grad_accum_steps,
+        "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+
+    record = []
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        for window in windows(engine, loader):
+            lr = optimizer.param_groups[0]["lr"]
+            for batch, info in window:
+                loss = engine(**batch, num_items_in_batch=info.loss_normalizer).loss
+                window.backward(loss)  # the window's last one steps optimizer and scheduler
+            record.append(
+                {
+                    "ids": [i for info in window.infos for i in info.sample_ids],
+                    "micro": len(window),
+                    "idle": window.idle_steps,
+                    "lr": lr,
+                }
+            )
+            if args.record is not None and len(record) == 1 and dist.get_rank() == 0:
+                args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
+                torch.save(engine.module.state_dict(), args.record / "step1.pt")
+        if dist.get_rank() == 0:
+            print(
+                f"epoch {epoch}: {len(record)} windows so far, lr now "
+                f"{optimizer.param_groups[0]['lr']:.3g}",
+                flush=True,
+            )
+
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
+        path = args.record / f"rank{dist.get_rank()}.json"
+        path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # ODB's collate process needs the guard
+    main()

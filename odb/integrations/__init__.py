@@ -1,0 +1,21 @@
+"""Adapters that run ODB loaders inside training frameworks, each importing its framework lazily.
+
+``import odb`` and ``import odb.integrations`` stay torch-only; a framework is imported
+when its adapter module is:
+
+- :mod:`odb.integrations.hf_trainer`: :class:`~odb.integrations.hf_trainer.ODBTrainer`, a
+  ``transformers.Trainer`` fed by an ODB loader (DDP or DeepSpeed through the Trainer).
+- :mod:`odb.integrations.accelerate`: ``prepare`` that leaves ODB loaders untouched, and
+  ``windows`` for an Accelerate loop.
+- :mod:`odb.integrations.deepspeed`: ``windows`` for a DeepSpeed engine loop.
+
+Shared, torch-only pieces: :mod:`odb.integrations.window` (gradient-accumulation windows
+of a loader, the step info popped) and :mod:`odb.integrations.schedule` (a learning-rate
+scheduler driven by training progress instead of a step count). Usage:
+``docs/integrations.md``.
+"""
+
+from odb.integrations.schedule import ProgressLR
+from odb.integrations.window import Window, iter_windows
+
+__all__ = ["ProgressLR", "Window", "iter_windows"]
