@@ -1,13 +1,17 @@
 # Two entry points, both idempotent on a fresh machine (see README "Quickstart"):
 #   make reproduce   set up, then run the main job through snakemake (default profile)
 #   make test        set up, then run the test suite
-# Set-up reinstalls only when pyproject.toml is newer than the install stamp.
+# Set-up reinstalls only when pyproject.toml or the pins are newer than the install stamp.
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# Read the torch pin from pyproject.toml so there is one source of truth.
-TORCH  := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+# The artifact's exact pins; pyproject.toml declares only odb's own ranges.
+PINS   := requirements/artifact.txt
+TORCH  := $(shell grep -E '^torch==' $(PINS))
+# Makes the checkout importable in the venv: the experiment packages (baselines,
+# experiments, eval, paper, bench) run from the repository root and are not installed.
+ROOT_PTH := odb-artifact-root.pth
 
 .PHONY: test reproduce setup
 
@@ -17,10 +21,15 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # torch goes first and pinned: the CPU wheel is on local disk, while letting pip
-# resolve an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml | $(PY)
+# resolve an unpinned torch would pull a multi-GB CUDA build. Then every other pin, then
+# odb itself (editable, no dependencies: the pins already satisfy its ranges). The
+# uninstall removes the pre-split `odb-artifact` distribution from an older venv.
+$(STAMP): pyproject.toml $(PINS) | $(PY)
 	$(PY) -m pip install '$(TORCH)'
-	$(PY) -m pip install -e '.[all]'
+	$(PY) -m pip install -r $(PINS)
+	$(PY) -m pip install --no-deps -e .
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], sys.argv[1]).write_text(sys.argv[2] + "\n")' $(ROOT_PTH) "$(CURDIR)"
+	$(PY) -m pip uninstall -y odb-artifact
 	touch $(STAMP)
 
 test: $(STAMP)
