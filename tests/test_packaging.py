@@ -9,6 +9,7 @@
 """
 
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,11 @@ _FRESH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
+    # Built from a copy of what the wheel reads, so the checkout gets no build/ or egg-info.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "odb", src / "odb", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     subprocess.run(
         [
             sys.executable,
@@ -137,7 +143,7 @@ def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
             "--no-build-isolation",
             "--wheel-dir",
             str(tmp_path / "dist"),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         capture_output=True,
