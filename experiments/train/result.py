@@ -22,7 +22,7 @@ __all__ = ["SCHEMA_PATH", "build_result", "validate_result"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "train_result.json"
 SCHEMA_ID = "odb-train-result/1"
-_PACKAGES = ("torch", "transformers", "deepspeed", "peft", "numpy", "odb-artifact")
+_PACKAGES = ("torch", "transformers", "deepspeed", "peft", "numpy", "odb")
 
 
 def git_commit() -> str:
