@@ -1,30 +1,24 @@
-"""The collate side: the body that runs in a collate process (or thread) for one epoch.
+"""The collate side: the body that runs in a collate process (or thread), one epoch a call.
 
-It owns the DataLoader whose workers run the user's dataset with a null collate (one
-``(index, sample)`` per item, public ``torch.utils.data`` API only), runs
+For each epoch it owns the DataLoader whose workers run the user's dataset with a null
+collate (one ``(index, sample)`` per item, public ``torch.utils.data`` API only), runs
 :func:`odb.engine.run_epoch`, and puts every outcome on a bounded queue as one message:
 ``("step", batch)``, ``("end", result)`` or ``("error", packed)``. How the queue crosses
 to the trainer is the transport's business (:mod:`odb.transport`); what the trainer
-does with the messages, the runner's (:mod:`odb.runner`). Failure contract:
-``docs/reliability.md``.
+does with the messages, the runner's (:mod:`odb.runner`); the life of a collate process
+across epochs, :mod:`odb.collate_process`. Failure contract: ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import multiprocessing
-import os
 import pickle
 import queue
 import signal
-import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -38,11 +32,6 @@ from odb.sources import idle_template, open_samples
 # How often the collate side re-checks a full queue for a trainer that stopped listening
 # (and the trainer re-checks a silent collate side).
 POLL_S = 0.1
-# How often a collate process checks that its trainer is still alive.
-_WATCHDOG_S = 0.5
-# A collate process still running this long after the trainer stopped it (stuck in the
-# dataset or a collective) kills its workers and exits.
-_STOP_GRACE_S = 2.0
 
 
 @dataclass
@@ -131,12 +120,16 @@ def collate_main(
     stop: Any,
     heartbeat: Heartbeat | None = None,
     encoder: SlabWriter | None = None,
-) -> None:
-    """Body of the collate side; every outcome ends as one message on ``out``.
+) -> bool:
+    """One epoch of the collate side; every outcome ends as one message on ``out``.
 
     With an ``encoder`` (process mode) messages are pickled here, so a batch that cannot
     cross the process boundary fails as an error the trainer sees, instead of being
     dropped by the queue's feeder thread.
+
+    Returns:
+        True when the epoch ended cleanly (its ``end`` sent, its DataLoader workers
+        shut down), so the side may run another; False after an error or a stop.
     """
     heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
     group: AlignmentGroup | None = None
@@ -151,27 +144,39 @@ def collate_main(
         heartbeat.beat()
         result = _run(spec, job, samples, group, heartbeat, _Outbox(out, stop, encoder))
         group.close()
-        _put(out, ("end", result), stop, encoder)
+        # The workers exit before the end is sent, so none outlives a finished epoch.
+        samples.close()
+        del samples
+        sent = _put(out, ("end", result), stop, encoder)
+        if encoder is not None:
+            encoder.end_epoch()
+        return sent
     except _Stopped:
-        pass
+        return False
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
-        _silence_sigchld()
-        packed = _pack_error(exc)
-        if group is not None:
-            # Tell the peers who failed first, then leave the group: their collectives
-            # fail at once instead of waiting out align_timeout_s.
-            if not isinstance(exc, AlignmentTimeoutError):
-                group.report_failure(packed[1])
-            group.close()
-        # Frames of the traceback keep the DataLoader iterator (and its workers) alive.
-        traceback.clear_frames(exc.__traceback__)
+        _report(exc, group, _Outbox(out, stop, encoder))
         del exc
-        _put(out, ("error", packed), stop, encoder)
         for pid in _killed_children(workers):
             remove_shm_of(pid)
+        return False
     finally:
         if group is not None:
             group.close()
+
+
+def _report(exc: BaseException, group: AlignmentGroup | None, outbox: _Outbox) -> None:
+    """Send the trainer ``exc``; first tell the peers and leave the group."""
+    _silence_sigchld()
+    packed = _pack_error(exc)
+    if group is not None:
+        # Tell the peers who failed first, then leave the group: their collectives
+        # fail at once instead of waiting out align_timeout_s.
+        if not isinstance(exc, AlignmentTimeoutError):
+            group.report_failure(packed[1])
+        group.close()
+    # Frames of the traceback keep the DataLoader iterator (and its workers) alive.
+    traceback.clear_frames(exc.__traceback__)
+    _put(outbox.out, ("error", packed), outbox.stop, outbox.encoder)
 
 
 def _open(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
@@ -293,80 +298,3 @@ def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str]:
     except Exception:  # noqa: BLE001 - an unpicklable exception still travels as text
         blob = None
     return blob, f"{type(exc).__name__}: {exc}", text
-
-
-def process_entry(
-    boot: Connection,
-    ready: Any,
-    out: Any,
-    stop: Any,
-    parent_pid: int,
-    heartbeat: Heartbeat,
-    start_method: str,
-    returns: Connection,
-    slots: int,
-) -> None:
-    # Ctrl-C reaches the whole foreground process group; the trainer handles it and
-    # stops this process through the iterator's cleanup.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # DataLoader workers start the way they would in the trainer (a spawned child
-    # otherwise defaults to spawn, whatever the trainer uses).
-    multiprocessing.set_start_method(start_method, force=True)
-    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
-    # The handshake (odb/startup.py): the user's parts arrive after the start.
-    spec, job, rendezvous, prefix = pickle.loads(boot.recv_bytes())
-    boot.close()
-    ready.set()
-    encoder = SlabWriter(returns, slots)
-    collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder)
-    # Stay alive until the trainer has taken everything: new slabs (and batches too big
-    # for one) travel as shared-memory file descriptors this process must hand over.
-    stop.wait()
-    out.cancel_join_thread()
-    atexit.register(_skip_teardown)
-
-
-def _skip_teardown() -> None:
-    """End a collate process that finished cleanly without the interpreter's teardown.
-
-    Registered last, so it is the first exit hook to run: after multiprocessing's own
-    exit work (finalizers, joining children, flushing std streams), and instead of
-    tearing down the interpreter, which took 0.3-0.5 s per epoch with torch loaded. A
-    forked child (every DataLoader worker) ends the same way.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(0)
-
-
-def _watchdog(parent_pid: int, stop: Any) -> None:
-    """End this collate process when its trainer is gone, or stopped it and it is stuck.
-
-    Either way its DataLoader workers are killed first: a worker stuck in the user's
-    ``__getitem__`` would otherwise outlive it until the call returns.
-    """
-    stopped_at = None
-    while True:
-        time.sleep(_WATCHDOG_S)
-        if os.getppid() != parent_pid:
-            _exit_now()
-        if stopped_at is None and stop.is_set():
-            stopped_at = time.monotonic()
-        if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
-            _exit_now()
-
-
-def _exit_now() -> None:
-    for child in multiprocessing.active_children():
-        try:
-            child.kill()
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-    os._exit(1)
-
-
-def trainer_start_method() -> str:
-    # allow_none: reading the default must not fix it for the user's program.
-    method = multiprocessing.get_start_method(allow_none=True)
-    return method or multiprocessing.get_all_start_methods()[0]

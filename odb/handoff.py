@@ -1,7 +1,8 @@
 """Process-mode hand-off of batches from the collate process to the trainer.
 
 The collate process copies a batch's tensor storages into a shared-memory *slab* it
-reuses (one per slot, ``queue_depth + 2`` slots, each slab sent to the trainer once);
+reuses (one per slot, ``queue_depth + 2`` slots, each slab sent to the trainer once per
+epoch; both sides drop them at the epoch's end);
 the queue carries the pickled batch with the storages' offsets, the trainer copies them
 out and returns the slot on a pipe. A batch thus costs two memory copies and two small
 pipe messages, instead of one new shared-memory segment and one descriptor handshake per
@@ -73,6 +74,14 @@ class SlabWriter:
             self._free.add(slot)
             return bytes(ForkingPickler.dumps(message))
         return encoded
+
+    def end_epoch(self) -> None:
+        """Drop the slabs after an epoch's end was sent; the next epoch allocates anew.
+
+        The trainer drops its copies when it reads the end (:meth:`SlabReader.end_epoch`),
+        so an idle collate side and its trainer hold no shared memory between epochs.
+        """
+        self._slabs = [None] * len(self._slabs)
 
     def _acquire(self, stop: Any) -> int | None:
         """The lowest free slot, waiting for the trainer to return one; None once stopped."""
@@ -177,6 +186,10 @@ class SlabReader:
         finally:
             with contextlib.suppress(OSError):  # the collate process is gone
                 self._returns.send_bytes(slot.to_bytes(4, "little"))
+
+    def end_epoch(self) -> None:
+        """Drop the slabs at an epoch's end (every batch before it was decoded)."""
+        self._slabs = [None] * len(self._slabs)
 
     def close(self) -> None:
         """Drop the slabs (their memory goes with the last holder) and the return pipe."""

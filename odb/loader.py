@@ -10,22 +10,14 @@ rank must build its loaders in the same order.
 
 from __future__ import annotations
 
-import pickle
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import (
-    DataLoader,
-    DistributedSampler,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    default_collate,
-    default_convert,
-)
+from torch.utils.data import DistributedSampler, IterableDataset
 
 from odb.collate import PadCollate
 from odb.comm import open_rendezvous
@@ -35,10 +27,10 @@ from odb.engine import EpochJob, SampleMeter
 from odb.ledger import Ledger
 from odb.progress import EpochProgress
 from odb.resume import parse_pieces
-from odb.runner import CollateRunner, CollateSpec
+from odb.runner import CollateRunner, CollateSpec, IdleRunner
 from odb.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
 from odb.sources import is_stream
-from odb.startup import main_guard_error, unguarded_main_line
+from odb.startup import check_startable
 from odb.step_info import STEP_INFO_KEY
 
 
@@ -86,36 +78,22 @@ class ODBLoader:
         self.config = _resolve_config(token_budget, config, options)
         _check_dataset(dataset)
         _check_sampler(sampler, dataset)
+        _check_callables(
+            collate_fn=collate_fn,
+            length_fn=length_fn,
+            patches_fn=patches_fn,
+            worker_init_fn=worker_init_fn,
+        )
         self.dataset = dataset
         self.sampler = sampler
-        collate_fn = (
-            collate_fn
-            if collate_fn is not None
-            else PadCollate(ignore_index=self.config.ignore_index)
-        )
-        for name, fn in (
-            ("collate_fn", collate_fn),
-            ("length_fn", length_fn),
-            ("patches_fn", patches_fn),
-            ("worker_init_fn", worker_init_fn),
-        ):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        if collate_fn is None:
+            collate_fn = PadCollate(ignore_index=self.config.ignore_index)
         self._spec = CollateSpec(
             dataset, collate_fn, SampleMeter(self.config, length_fn, patches_fn), worker_init_fn
         )
-        self._pin = self.config.pin_memory and torch.cuda.is_available()
-        if self.config.pin_memory and not self._pin:
-            warnings.warn(
-                "pin_memory=True but CUDA is not available: batches are not pinned "
-                "(as torch's DataLoader does)",
-                stacklevel=2,
-            )
-        if self.config.collate_mode == "process":
-            unguarded = unguarded_main_line()
-            if unguarded is not None:  # fail before any collective, not in the first epoch
-                raise main_guard_error(unguarded)
-            _check_picklable(self._spec)
+        self._pin = _pin_batches(self.config)
+        if self.config.collate_mode == "process":  # fail before any collective
+            check_startable(self._spec)
         self._rendezvous, self._store_host = open_rendezvous(
             self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s
         )
@@ -135,6 +113,9 @@ class ODBLoader:
         self._progress = EpochProgress()
         self._iterations = 0
         self._last_stats: dict[str, float | int] = {}
+        # One collate side for all epochs; it ends with the loader (or the interpreter).
+        self._runners = IdleRunner(self._spec, self.config, self.rank)
+        weakref.finalize(self, self._runners.close)
 
     @property
     def epoch(self) -> int:
@@ -169,7 +150,7 @@ class ODBLoader:
         elif self.sampler is not None:
             kind = "other"
         facts = SourceFacts(
-            self._stream_source(),
+            self._stream,
             kind,
             declared_shard(self.dataset),
             self.world_size,
@@ -183,9 +164,6 @@ class ODBLoader:
                 "With per-rank data a rank's carry could grow without bound; use join=True"
             )
         return shard
-
-    def _stream_source(self) -> bool:
-        return is_stream(self.dataset)
 
     def __len__(self) -> int:
         raise TypeError(
@@ -260,7 +238,12 @@ class ODBLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         job = self._stream_job() if self._stream else self._map_job()
         self._iterations += 1
-        runner = CollateRunner(self._spec, job, self._rendezvous, f"odb/iter{self._iterations}/")
+        runner = self._runners.take(self._rendezvous)
+        try:
+            runner.begin(job, f"odb/iter{self._iterations}/")
+        except BaseException:
+            self._runners.give_back(runner)
+            raise
         return self._drive(runner)
 
     def _map_job(self) -> EpochJob:
@@ -312,7 +295,9 @@ class ODBLoader:
                 self._ledger.record(info.sample_ids)
                 yield batch
         finally:
-            runner.close()
+            # Kept for the next epoch only after a clean end; closed after an error or
+            # a break (an abandoned epoch is never resumed by a later iter()).
+            self._runners.give_back(runner)
         result = runner.result
         assert result is not None
         self._ledger.finish(result.carry, result.carried_samples)
@@ -368,15 +353,21 @@ def _check_sampler(sampler: Any, dataset: Any) -> None:
         )
 
 
-def _check_picklable(spec: CollateSpec) -> None:
-    try:
-        pickle.dumps(spec)
-    except Exception as exc:
-        raise TypeError(
-            f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
-            f"a collate process, but they cannot be pickled ({exc}). Use module-level "
-            "functions instead of lambdas/closures, or collate_mode='thread'"
-        ) from exc
+def _check_callables(**fns: Any) -> None:
+    for name, fn in fns.items():
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+
+
+def _pin_batches(config: ODBConfig) -> bool:
+    """Whether yielded batches are pinned: ``pin_memory`` and CUDA available."""
+    if config.pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "pin_memory=True but CUDA is not available: batches are not pinned "
+            "(as torch's DataLoader does)",
+            stacklevel=3,
+        )
+    return config.pin_memory and torch.cuda.is_available()
 
 
 def _pinned(batch: Any) -> Any:
@@ -390,109 +381,8 @@ def _pinned(batch: Any) -> Any:
     return batch
 
 
-class SingletonBatches:
-    """A batch sampler of one-index batches, read as a sampler (for :func:`wrap`).
+# wrap() builds an ODBLoader, so it is imported after the class (odb.wrap, and
+# `from odb.loader import wrap`, keep working).
+from odb.wrapping import SingletonBatches, wrap  # noqa: E402
 
-    Raises at iteration when a batch holds more or fewer than one index, instead of
-    dropping or merging samples.
-    """
-
-    def __init__(self, batch_sampler: Any) -> None:
-        self.batch_sampler = batch_sampler
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.batch_sampler, "set_epoch"):
-            self.batch_sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        for batch in self.batch_sampler:
-            indices = list(batch)
-            if len(indices) != 1:
-                raise ValueError(
-                    f"the DataLoader's batch_sampler yielded a batch of {len(indices)} "
-                    f"indices ({indices[:8]}); odb.wrap needs batches of exactly one sample "
-                    "(ODB forms the batches). Give the DataLoader a sampler instead"
-                )
-            yield indices[0]
-
-
-def wrap(dataloader: DataLoader, token_budget: int | None = None, **options: Any) -> ODBLoader:
-    """Build an :class:`ODBLoader` from a framework-owned ``DataLoader``, honouring it.
-
-    Carried over: the dataset; the sampler (a ``SequentialSampler`` becomes
-    ``shuffle=False``, a plain ``RandomSampler`` without a generator ``shuffle=True``
-    with ODB's seeded order, which every rank shares; any other sampler, including a
-    seeded ``RandomSampler`` (the DataLoader's ``generator``), is used as is); a batch
-    sampler of one-index batches; ``num_workers``, ``prefetch_factor``,
-    ``worker_init_fn``, ``multiprocessing_context``, ``timeout`` and ``pin_memory``; a
-    custom ``collate_fn`` (it gets the group's list of samples, as it got a list of one).
-    Options given here must not contradict the DataLoader.
-
-    Raises:
-        ValueError: What ODB cannot honour: ``batch_size`` > 1 (ODB forms the batches),
-            ``persistent_workers=True``, a batch sampler whose batches are not single
-            indices (at iteration), or an option that contradicts the DataLoader.
-    """
-    if not isinstance(dataloader, DataLoader):
-        raise TypeError(
-            f"wrap expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}"
-        )
-    if dataloader.batch_size not in (None, 1):
-        raise ValueError(
-            f"wrap needs a DataLoader with batch_size=1 (got batch_size="
-            f"{dataloader.batch_size}): ODB forms the batches itself from single "
-            "samples. Build the DataLoader with batch_size=1"
-        )
-    if dataloader.persistent_workers:
-        raise ValueError(
-            "wrap got a DataLoader with persistent_workers=True; ODB's collate side starts "
-            "the workers itself at each epoch, so persistent workers are not supported. "
-            "Build the DataLoader with persistent_workers=False"
-        )
-    carried = _dataloader_settings(dataloader)
-    for name, value in carried.items():
-        if name in options and options[name] is not value and options[name] != value:
-            raise ValueError(
-                f"wrap got {name}={options[name]!r}, but the DataLoader has {name}={value!r}; "
-                "set it on the DataLoader (wrap honours the DataLoader's settings)"
-            )
-    return ODBLoader(dataloader.dataset, token_budget, **{**carried, **options})
-
-
-def _dataloader_settings(dataloader: DataLoader) -> dict[str, Any]:
-    """The DataLoader's settings as ODBLoader arguments (see :func:`wrap`)."""
-    out: dict[str, Any] = {"num_workers": dataloader.num_workers}
-    if dataloader.num_workers > 0:
-        out["prefetch_factor"] = dataloader.prefetch_factor
-        if dataloader.timeout:
-            out["worker_timeout_s"] = float(dataloader.timeout)
-        context = dataloader.multiprocessing_context
-        if context is not None:
-            out["worker_start_method"] = (
-                context if isinstance(context, str) else context.get_start_method()
-            )
-    if dataloader.worker_init_fn is not None:
-        out["worker_init_fn"] = dataloader.worker_init_fn
-    if dataloader.pin_memory:
-        out["pin_memory"] = True
-    if dataloader.collate_fn not in (default_collate, default_convert):
-        out["collate_fn"] = dataloader.collate_fn
-    if isinstance(dataloader.dataset, IterableDataset):
-        return out
-    batch_sampler = dataloader.batch_sampler
-    if dataloader.batch_size is None and batch_sampler is not None:  # a user's batch sampler
-        out["sampler"] = SingletonBatches(batch_sampler)
-        return out
-    sampler = dataloader.sampler
-    if type(sampler) is SequentialSampler:
-        out["shuffle"] = False
-    elif (
-        type(sampler) is RandomSampler
-        and sampler.generator is None
-        and not sampler.replacement
-        and sampler.num_samples == len(dataloader.dataset)
-    ):
-        out["shuffle"] = True
-    else:
-        out["sampler"] = sampler
-    return out
+__all__ = ["ODBLoader", "SingletonBatches", "wrap"]

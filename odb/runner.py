@@ -1,9 +1,12 @@
-"""The trainer's side of one epoch's collate side: its lifecycle and its error contract.
+"""The trainer's side of a loader's collate side: its lifecycle and its error contract.
 
 :class:`CollateRunner` starts the collate side (:mod:`odb.collate_side`) through a
 transport (:mod:`odb.transport`: a dedicated collate process per rank, or a thread),
-hands its batches to the loader, and turns every way it can fail into an error in time;
-the descriptions in those errors come from :mod:`odb.diagnostics`.
+sends it one epoch per :meth:`~CollateRunner.begin`, hands its batches to the loader, and
+turns every way it can fail into an error in time; the descriptions in those errors
+come from :mod:`odb.diagnostics`. :class:`IdleRunner` keeps a loader's runner between
+epochs: reused after an epoch that ended cleanly, closed after anything else (an error,
+an iterator abandoned mid-epoch), so a new epoch never sees an old epoch's messages.
 
 Failure contract (``docs/reliability.md`` has the full table):
 
@@ -15,7 +18,7 @@ Failure contract (``docs/reliability.md`` has the full table):
 - a collate process that dies without a word (SIGKILL, OOM) is reported with its exit
   code or signal, also when it dies while a batch is in flight;
 - a collate process whose trainer dies exits by itself within ``_WATCHDOG_S`` of
-  :mod:`odb.collate_side` (parent watchdog), so no orphan keeps Gloo connections or
+  :mod:`odb.collate_process` (parent watchdog), so no orphan keeps Gloo connections or
   shared memory alive; its DataLoader workers follow by PyTorch's own watchdog;
 - with more than one rank, a trainer waiting for a collate side that makes no progress
   at all (no sample read, no collective finished, no group collated) for
@@ -32,16 +35,18 @@ import atexit
 import pickle
 import queue
 import time
+import warnings
 import weakref
 from typing import Any
 
 from odb.collate_side import CollateSpec
 from odb.comm import AlignmentTimeoutError, Rendezvous
+from odb.config import ODBConfig
 from odb.diagnostics import describe_descendants
 from odb.engine import EpochJob, EpochResult
 from odb.transport import Transport, open_transport
 
-__all__ = ["CollateRunner", "CollateSpec", "RemoteTraceback"]
+__all__ = ["CollateRunner", "CollateSpec", "IdleRunner", "RemoteTraceback"]
 
 # A trainer waiting on a collate side without progress raises after align_timeout_s
 # plus this (the peers' own collectives have timed out by then).
@@ -75,21 +80,47 @@ def _unpack_error(packed: tuple[bytes | None, str, str], where: str) -> BaseExce
 
 
 class CollateRunner:
-    """Starts the collate side of one epoch and hands its batches to the trainer."""
+    """Starts a rank's collate side, sends it epochs, and hands their batches to the trainer.
+
+    One epoch at a time: :meth:`begin`, then :meth:`next_batch` until it returns None
+    (``result`` is then set and the runner may :meth:`begin` again). Any error closes
+    nothing by itself; the caller closes the runner (:class:`IdleRunner`).
+    """
 
     def __init__(
-        self, spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None, prefix: str
+        self, spec: CollateSpec, config: ODBConfig, rank: int, rendezvous: Rendezvous | None
     ) -> None:
         self.result: EpochResult | None = None
-        self._closed = False
+        self.closed = False
+        self.busy = False
         self._rendezvous = rendezvous
         self._last_beat = -1
+        self._joined_at = 0
         self._last_progress = time.monotonic()
         self._started_at = time.monotonic()
-        self._start_timeout_s = job.config.start_timeout_s
-        self._side: Transport = open_transport(spec, job, rendezvous, prefix)
+        self._start_timeout_s = config.start_timeout_s
+        self._side: Transport = open_transport(spec, config, rank, rendezvous)
         self.where = self._side.where
         _LIVE_RUNNERS.add(self)
+
+    def begin(self, job: EpochJob, prefix: str) -> None:
+        """Start the epoch ``job`` on the collate side; ``prefix`` names its group."""
+        assert not (self.busy or self.closed), "begin() on a busy or closed runner"
+        self.result, self.busy = None, True
+        # Beats count on across epochs: this epoch has joined its group once the
+        # counter moves past its value now (see _check_progress).
+        self._joined_at = self._last_beat = self._side.heartbeat.value()
+        self._last_progress = time.monotonic()
+        self._side.begin(job, prefix)
+
+    def alive(self) -> bool:
+        """Whether the collate side can run an epoch (a process may die while idle)."""
+        return self._side.exitcode is None
+
+    @property
+    def exitcode(self) -> int | None:
+        """The collate process's exit code (None while it runs, or in thread mode)."""
+        return self._side.exitcode
 
     def next_batch(self) -> Any | None:
         """The next batch, or None at the end of the epoch; re-raises collate errors.
@@ -116,7 +147,7 @@ class CollateRunner:
         if kind == "step":
             return payload
         if kind == "end":
-            self.result = payload
+            self.result, self.busy = payload, False
             return None
         raise _unpack_error(payload, self.where)
 
@@ -148,7 +179,7 @@ class CollateRunner:
         if beat != self._last_beat:
             self._last_beat, self._last_progress = beat, now
             return
-        if beat == 0:
+        if beat == self._joined_at:
             limit = rendezvous.init_timeout_s + _STARTUP_GRACE_S
             what = f"joined the alignment group (init_timeout_s={rendezvous.init_timeout_s} s)"
         else:
@@ -183,8 +214,51 @@ class CollateRunner:
         thread blocked in a collective cannot be interrupted: it ends when the collective
         does (at the latest after ``align_timeout_s``).
         """
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         _LIVE_RUNNERS.discard(self)
         self._side.close(timeout_s)
+
+
+class IdleRunner:
+    """A loader's collate side between epochs: at most one runner, kept for the next epoch.
+
+    :meth:`take` hands out the kept runner when it is still alive, or a new one;
+    :meth:`give_back` keeps a runner whose epoch ended cleanly and closes any other (an
+    error, an iterator abandoned mid-epoch, or a second runner while one is kept), so a
+    reused collate side never holds an old epoch's messages or state. The loader closes
+    it when it is garbage-collected (``weakref.finalize``); the exit hook closes every
+    runner still alive at interpreter exit.
+    """
+
+    def __init__(self, spec: CollateSpec, config: ODBConfig, rank: int) -> None:
+        self._spec, self._config, self._rank = spec, config, rank
+        self._kept: CollateRunner | None = None
+
+    def take(self, rendezvous: Rendezvous | None) -> CollateRunner:
+        """A runner ready for :meth:`CollateRunner.begin`."""
+        runner, self._kept = self._kept, None
+        if runner is not None and not runner.alive():
+            warnings.warn(
+                f"{runner.where} exited between epochs (exit code {runner.exitcode}); "
+                "starting a new one",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            runner.close()
+            runner = None
+        return runner or CollateRunner(self._spec, self._config, self._rank, rendezvous)
+
+    def give_back(self, runner: CollateRunner) -> None:
+        """Keep ``runner`` for the next epoch if its epoch ended cleanly; else close it."""
+        if runner.busy or runner.closed or self._kept is not None:
+            runner.close()
+        else:
+            self._kept = runner
+
+    def close(self) -> None:
+        """Stop the kept runner, if any (idempotent)."""
+        runner, self._kept = self._kept, None
+        if runner is not None:
+            runner.close(timeout_s=2.0)

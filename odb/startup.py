@@ -11,7 +11,8 @@ at once with a message naming the guard.
 
 Every other way a collate process can fail to come up (its interpreter or imports
 stuck, the dataset's unpickling hanging) is covered by the handshake: the user's parts
-travel *after* the process has started, over a pipe written by a helper thread, and the
+travel *after* the process has started, over a pipe written by a helper thread
+(:class:`JobSender`, which later sends the epochs' jobs on the same pipe), and the
 process confirms it holds them; no confirmation within ``start_timeout_s`` is an error.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import pickle
+import queue
 import sys
 import threading
 from collections.abc import Iterator
@@ -110,23 +113,52 @@ def main_guard_error(where: str, mode_field: str = "collate_mode") -> RuntimeErr
     )
 
 
-def send_boot(connection: Connection, payload: Any) -> threading.Thread:
-    """Send ``payload`` to a starting collate process from a helper thread.
+def check_startable(spec: Any) -> None:
+    """Raise now, before any collective, what would keep a collate process from starting.
 
-    Pickled here (a pickling error is the caller's), written by a daemon thread: a
-    process that never reads cannot block the trainer, and the write fails once the
-    process is gone.
+    An unguarded script (see above), or user parts (``spec``) that cannot be pickled.
     """
-    data = bytes(ForkingPickler.dumps(payload))
+    unguarded = unguarded_main_line()
+    if unguarded is not None:
+        raise main_guard_error(unguarded)
+    try:
+        pickle.dumps(spec)
+    except Exception as exc:
+        raise TypeError(
+            f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
+            f"a collate process, but they cannot be pickled ({exc}). Use module-level "
+            "functions instead of lambdas/closures, or collate_mode='thread'"
+        ) from exc
 
-    def write() -> None:
+
+class JobSender:
+    """Sends a collate process its messages (the boot, then one job per epoch), in order.
+
+    Each payload is pickled by the caller's thread (a pickling error is the caller's) and
+    written by one daemon thread: a process that never reads (stuck starting) cannot
+    block the trainer, and the writes fail once the process is gone. :meth:`close`
+    closes the pipe after the messages already queued, which the process reads as the
+    end of its jobs.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._pending: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._write, args=(connection,), name="odb-collate-jobs", daemon=True
+        )
+        self._thread.start()
+
+    def send(self, payload: Any) -> None:
+        self._pending.put(bytes(ForkingPickler.dumps(payload)))
+
+    def close(self) -> None:
+        self._pending.put(None)
+
+    def _write(self, connection: Connection) -> None:
         try:
-            connection.send_bytes(data)
+            while (data := self._pending.get()) is not None:
+                connection.send_bytes(data)
         except OSError:
             pass  # the process died or was stopped; the trainer reports that
         finally:
             connection.close()
-
-    thread = threading.Thread(target=write, name="odb-collate-boot", daemon=True)
-    thread.start()
-    return thread

@@ -1,14 +1,15 @@
 """How the collate side's messages reach the trainer: a collate process, or a thread.
 
-Both transports start :func:`odb.collate_side.collate_main` for one epoch and offer the
-same small surface (:class:`Transport`) to :class:`odb.runner.CollateRunner`, which owns
-the lifecycle (deadlines, stall detection, the error contract) on top of it.
+Both transports run :func:`odb.collate_side.collate_main` once per epoch (:meth:`begin`)
+and offer the same small surface (:class:`Transport`) to :class:`odb.runner.CollateRunner`,
+which owns the lifecycle (deadlines, stall detection, the error contract) on top of it.
 
-- :class:`ProcessTransport`: a spawned collate process; the user's parts arrive after
-  the start through the start-up handshake (:mod:`odb.startup`); batches cross through
-  reusable shared-memory slabs (:mod:`odb.handoff`).
-- :class:`ThreadTransport`: a daemon thread in the trainer, batches passed as they are
-  (for debugging and ``num_workers=0``; the same semantics).
+- :class:`ProcessTransport`: one spawned collate process for many epochs
+  (:mod:`odb.collate_process`); the user's parts arrive once, after the start, through
+  the start-up handshake (:mod:`odb.startup`), then one job per epoch on the same pipe;
+  batches cross through reusable shared-memory slabs (:mod:`odb.handoff`).
+- :class:`ThreadTransport`: a daemon thread in the trainer per epoch, batches passed as
+  they are (for debugging and ``num_workers=0``; the same semantics).
 """
 
 from __future__ import annotations
@@ -21,19 +22,14 @@ from typing import Any, Protocol
 
 import torch.multiprocessing as mp
 
-from odb.collate_side import (
-    POLL_S,
-    CollateSpec,
-    Heartbeat,
-    collate_main,
-    process_entry,
-    trainer_start_method,
-)
+from odb.collate_process import process_entry, trainer_start_method
+from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
 from odb.comm import Rendezvous
+from odb.config import ODBConfig
 from odb.diagnostics import death_message, remove_shm_of
 from odb.engine import EpochJob
 from odb.handoff import SlabReader
-from odb.startup import main_guard_error, send_boot, unguarded_main_line
+from odb.startup import JobSender, main_guard_error, unguarded_main_line
 
 
 class Transport(Protocol):
@@ -43,11 +39,18 @@ class Transport(Protocol):
     root_name: str  # what root_pid() is, for messages
     heartbeat: Heartbeat
 
+    def begin(self, job: EpochJob, prefix: str) -> None:
+        """Start one epoch (after the previous one ended); ``prefix`` names its group."""
+
     def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
         """The next message; raises ``queue.Empty`` after ``timeout_s`` without one."""
 
     def is_alive(self) -> bool:
-        """Whether the collate side still runs."""
+        """Whether the collate side still runs (in thread mode: this epoch's thread)."""
+
+    @property
+    def exitcode(self) -> int | None:
+        """A collate process's exit code once it ended; None while it runs, or a thread."""
 
     def started(self) -> bool:
         """Whether the collate side has confirmed its start (has the user's parts)."""
@@ -59,29 +62,42 @@ class Transport(Protocol):
         """Why the collate side is gone."""
 
     def close(self, timeout_s: float) -> None:
-        """Stop it; wait ``timeout_s``, then kill what can be killed. Called once."""
+        """Stop it (any epoch in flight too); wait ``timeout_s``, then kill what can be killed.
+
+        Called once; a closed transport runs no more epochs.
+        """
 
 
 class ThreadTransport:
-    """The collate side in a daemon thread of the trainer."""
+    """The collate side in a daemon thread of the trainer, a fresh thread per epoch."""
 
     def __init__(
         self,
         where: str,
         spec: CollateSpec,
-        job: EpochJob,
+        config: ODBConfig,
+        rank: int,
         rendezvous: Rendezvous | None,
-        prefix: str,
     ) -> None:
         self.where, self.root_name = where, "the trainer"
         self.heartbeat = Heartbeat(shared=False)
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=job.config.queue_depth)
+        self._spec, self._rendezvous, self._depth = spec, rendezvous, config.queue_depth
+        self._rank = rank
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, job: EpochJob, prefix: str) -> None:
+        # The last epoch's thread may still be leaving (its end is sent): it touches
+        # only its own queue and group, so the new epoch gets new ones.
+        self._queue = queue.Queue(maxsize=self._depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=collate_main,
-            name=f"odb-collate-rank{job.rank}",
+            name=f"odb-collate-rank{self._rank}",
             daemon=True,
-            args=(spec, job, rendezvous, prefix, self._queue, self._stop, self.heartbeat),
+            args=(self._spec, job, self._rendezvous, prefix, self._queue, self._stop),
+            kwargs={"heartbeat": self.heartbeat},
         )
         self._thread.start()
 
@@ -89,10 +105,14 @@ class ThreadTransport:
         return self._queue.get(timeout=timeout_s)
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def started(self) -> bool:
         return True
+
+    @property
+    def exitcode(self) -> int | None:
+        return None
 
     def root_pid(self) -> int:
         return os.getpid()
@@ -104,19 +124,20 @@ class ThreadTransport:
         # A thread blocked in a collective cannot be interrupted: it ends when the
         # collective does (at the latest after align_timeout_s).
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
 
 class ProcessTransport:
-    """The collate side in a spawned process, batches through shared-memory slabs."""
+    """The collate side in a spawned process that runs many epochs; batches through slabs."""
 
     def __init__(
         self,
         where: str,
         spec: CollateSpec,
-        job: EpochJob,
+        config: ODBConfig,
+        rank: int,
         rendezvous: Rendezvous | None,
-        prefix: str,
     ) -> None:
         unguarded = unguarded_main_line()
         if unguarded is not None:
@@ -124,18 +145,17 @@ class ProcessTransport:
         self.where, self.root_name = where, "the collate process"
         self.heartbeat = Heartbeat(shared=True)
         ctx = mp.get_context("spawn")
-        depth = job.config.queue_depth
-        self._queue: Any = ctx.Queue(maxsize=depth)
+        self._queue: Any = ctx.Queue(maxsize=config.queue_depth)
         self._stop: Any = ctx.Event()
         self._ready: Any = ctx.Event()
         returns, returns_here = ctx.Pipe(duplex=False)
-        boot_in, boot_out = ctx.Pipe(duplex=False)
-        slots = depth + 2
+        jobs_in, jobs_out = ctx.Pipe(duplex=False)
+        slots = config.queue_depth + 2
         self._process: Any = ctx.Process(
             target=process_entry,
-            name=f"odb-collate-rank{job.rank}",
+            name=f"odb-collate-rank{rank}",
             args=(
-                boot_in,
+                jobs_in,
                 self._ready,
                 self._queue,
                 self._stop,
@@ -148,9 +168,13 @@ class ProcessTransport:
         )
         self._slabs = SlabReader(returns_here, slots)
         self._process.start()
-        returns.close()  # the collate process holds its own end
-        boot_in.close()
-        send_boot(boot_out, (spec, job, rendezvous, prefix))
+        returns.close()  # the collate process holds its own ends
+        jobs_in.close()
+        self._jobs = JobSender(jobs_out)
+        self._jobs.send((spec, rendezvous))  # the handshake: the user's parts, once
+
+    def begin(self, job: EpochJob, prefix: str) -> None:
+        self._jobs.send((job, prefix))
 
     def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
         """The next message; a batch arrives as ``("step", batch)`` as in a thread."""
@@ -159,6 +183,8 @@ class ProcessTransport:
             message = ForkingPickler.loads(data)
             if message[0] == "slab":
                 message = ("step", self._slabs.decode(*message[1]))
+            elif message[0] == "end":
+                self._slabs.end_epoch()
             return message
         except queue.Empty:
             raise
@@ -189,6 +215,7 @@ class ProcessTransport:
 
     def close(self, timeout_s: float) -> None:
         self._stop.set()
+        self._jobs.close()
         process = self._process
         process.join(timeout_s)
         for end in (process.terminate, process.kill):
@@ -203,10 +230,10 @@ class ProcessTransport:
 
 
 def open_transport(
-    spec: CollateSpec, job: EpochJob, rendezvous: Rendezvous | None, prefix: str
+    spec: CollateSpec, config: ODBConfig, rank: int, rendezvous: Rendezvous | None
 ) -> ProcessTransport | ThreadTransport:
-    """Start the collate side of ``job`` the way ``job.config.collate_mode`` says."""
-    mode = job.config.collate_mode
-    where = f"the ODB collate {mode} of rank {job.rank}"
+    """Start rank ``rank``'s collate side the way ``config.collate_mode`` says."""
+    mode = config.collate_mode
+    where = f"the ODB collate {mode} of rank {rank}"
     kind = ProcessTransport if mode == "process" else ThreadTransport
-    return kind(where, spec, job, rendezvous, prefix)
+    return kind(where, spec, config, rank, rendezvous)

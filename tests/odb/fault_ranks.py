@@ -189,11 +189,12 @@ def loader_children() -> list[psutil.Process]:
     return out
 
 
-def children_settle(timeout_s: float = 10.0) -> list[int]:
+def children_settle(timeout_s: float = 10.0, keep: int = 0) -> list[int]:
+    """Pids of the live children once at most ``keep`` are left (or at the deadline)."""
     deadline = time.monotonic() + timeout_s
     while True:
         alive = loader_children()
-        if not alive or time.monotonic() > deadline:
+        if len(alive) <= keep or time.monotonic() > deadline:
             return [p.pid for p in alive]
         time.sleep(0.1)
 
@@ -395,6 +396,13 @@ def fault_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
     report["started"] = started
     report["ended"] = time.time()
     report["children_before"] = children_before
+    # With the loader still alive: after an error or a break its collate side is gone;
+    # after clean epochs only its idle collate process (process mode) is left.
+    clean = report["error"] is None and not (rank == plan.victim and plan.kind == "break")
+    report["may_keep"] = int(clean and plan.mode == "process")
+    report["children_kept"] = children_settle(10.0, keep=report["may_keep"])
+    report["stats"] = loader.stats()
+    del loader  # and with the loader, everything goes
     report["children_left"] = children_settle(10.0)
     report["fds_before"] = fds_before
     report["fds_after"] = fds_settle(fds_before)
@@ -405,7 +413,6 @@ def fault_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
     report["fds_new"] = after
     report["shm_before"] = shm_before
     report["shm_after"] = shm_settle(shm_before)
-    report["stats"] = loader.stats()
     return report
 
 
@@ -419,16 +426,19 @@ def shm_settle(baseline: set[str], timeout_s: float = 10.0) -> set[str]:
         time.sleep(0.1)
 
 
-def _resources(base: dict[str, Any] | None = None) -> dict[str, Any]:
+def _resources(base: dict[str, Any] | None = None, keep: int = 0) -> dict[str, Any]:
     """Children, fds and /dev/shm entries once settled, measured while no rank iterates.
 
-    The barriers keep a peer from starting its next epoch (and connecting to the
-    rendezvous store that rank 0 hosts) while this rank still measures.
+    Settles towards ``base`` (at most ``keep`` children: an idle collate process). The
+    barriers keep a peer from starting its next epoch (and connecting to the rendezvous
+    store that rank 0 hosts) while this rank still measures.
     """
     dist.barrier()
-    children = children_settle(10.0)
+    children = children_settle(10.0, keep=keep)
     fds = open_fds() if base is None else fds_settle(base["fds"])
-    shm = tree_shm() if base is None else shm_settle(base["shm"]) | base["shm"]
+    if base is not None:
+        shm_settle(base["shm"])
+    shm = tree_shm()
     out = dict(children=children, fds=fds, shm=shm, targets=fd_targets())
     if base is not None and fds > base["fds"]:
         extra = list(out["targets"])
@@ -459,35 +469,44 @@ def own_resource_tracker() -> None:
 
 
 def lifecycle_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
-    """Epochs, a break on every rank, and more epochs; resources after each phase.
+    """Epochs, a break on every rank, more epochs, the loader dropped; resources after each.
 
-    Returns the baseline (after the loader is built, before any iteration) and the
-    resources after every phase, plus the ids each full epoch yielded.
+    Returns the baseline (after the loader is built, before any iteration), the
+    resources after the first epoch (the loader's idle collate side: the reference for
+    later epochs), after every phase, and the ids each full epoch yielded.
     """
     own_resource_tracker()
     multiprocessing.set_start_method(plan.start_method, force=True)
     loader = build_loader(rank, world_size, plan)
     base = _resources()
+    keep = int(plan.mode == "process")
     phases: list[tuple[str, dict[str, Any]]] = []
     ids: list[list[int]] = []
 
-    def epoch(n: int, stop_at: int | None = None) -> None:
-        loader.set_epoch(n)
-        mine: list[int] = []
-        for step, batch in enumerate(loader):
-            mine.extend(odb.pop_step_info(batch).sample_ids)
-            del batch
-            if stop_at is not None and step == stop_at:
-                break
-        if stop_at is None:
-            ids.append(mine)
-
-    for n in range(plan.epochs):
-        epoch(n)
-        phases.append((f"epoch {n}", _resources(base)))
-    epoch(plan.epochs, stop_at=plan.at_step)  # every rank breaks at the same step
+    _epoch(loader, 0, ids)
+    idle = _resources(keep=keep)
+    phases.append(("epoch 0", idle))
+    for n in range(1, plan.epochs):
+        _epoch(loader, n, ids)
+        phases.append((f"epoch {n}", _resources(idle, keep=keep)))
+    _epoch(loader, plan.epochs, ids, stop_at=plan.at_step)  # every rank breaks at the same step
     phases.append(("break", _resources(base)))
     for n in range(plan.epochs + 1, 2 * plan.epochs + 1):
-        epoch(n)
-        phases.append((f"epoch {n}", _resources(base)))
-    return dict(base=base, phases=phases, ids=ids)
+        _epoch(loader, n, ids)
+        phases.append((f"epoch {n}", _resources(idle, keep=keep)))
+    del loader
+    phases.append(("loader dropped", _resources(base)))
+    return dict(base=base, idle=idle, phases=phases, ids=ids)
+
+
+def _epoch(loader: odb.ODBLoader, n: int, ids: list[list[int]], stop_at: int | None = None) -> None:
+    """Epoch ``n``; its ids appended to ``ids`` unless it stops (break) at ``stop_at``."""
+    loader.set_epoch(n)
+    mine: list[int] = []
+    for step, batch in enumerate(loader):
+        mine.extend(odb.pop_step_info(batch).sample_ids)
+        del batch
+        if stop_at is not None and step == stop_at:
+            break
+    if stop_at is None:
+        ids.append(mine)

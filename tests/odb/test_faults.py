@@ -98,6 +98,8 @@ def _check(
 
 def _check_resources(report: dict[str, Any], text: str) -> None:
     rank = report["rank"]
+    kept = report["children_kept"]
+    assert len(kept) <= report["may_keep"], f"rank {rank} kept children {kept}\n{text}"
     assert report["children_left"] == [], f"rank {rank} kept children\n{text}"
     assert report["fds_after"] <= report["fds_before"], f"rank {rank} kept fds\n{text}"
     assert not report["shm_after"], f"rank {rank} kept /dev/shm entries\n{text}"
@@ -318,8 +320,10 @@ def test_sigterm_kills_rank_cleanly(start_method: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_resources_return_to_baseline(mode: str, tmp_path: Path) -> None:
-    # Three epochs, a break on every rank, three more epochs: after each phase, child
-    # processes, open file descriptors and /dev/shm entries are back to the baseline.
+    # Three epochs, a break on every rank, three more epochs, the loader dropped. Between
+    # epochs a rank holds its idle collate process (process mode), the same one each
+    # epoch, and the same descriptors and /dev/shm entries as after the first epoch; after
+    # the break (its collate side stopped) and once the loader is gone, the baseline.
     plan = FaultPlan("none", mode=mode, epochs=3, at_step=2, num_samples=48)
     before = shm_entries()
     run = run_fault_ranks(lifecycle_rank, 2, plan, timeout=RUN_LIMIT_S)
@@ -327,11 +331,19 @@ def test_resources_return_to_baseline(mode: str, tmp_path: Path) -> None:
     assert not leaked_shm(before)
     for outcome in run.outcomes:
         assert outcome.exitcode == 0 and outcome.value is not None, run.describe()
-        base = outcome.value["base"]
-        for phase, now in outcome.value["phases"]:
-            where = f"rank {outcome.rank} after {phase}: {now} vs baseline {base}"
-            assert now["children"] == [], where
-            assert now["fds"] <= base["fds"], where
-            assert now["shm"] <= base["shm"], where
+        base, idle = outcome.value["base"], outcome.value["idle"]
+        phases = dict(outcome.value["phases"])
+        assert len(idle["children"]) == (mode == "process"), idle
+        # After the break a new collate process runs: its semaphores have new names.
+        fresh = phases["epoch 4"]
+        assert len(fresh["children"]) == len(idle["children"]), fresh
+        assert fresh["fds"] <= idle["fds"] and len(fresh["shm"]) <= len(idle["shm"]), fresh
+        refs = {"break": base, "loader dropped": base, "epoch 5": fresh, "epoch 6": fresh}
+        for phase, now in phases.items():
+            ref = refs.get(phase, idle if phase != "epoch 4" else fresh)
+            where = f"rank {outcome.rank} after {phase}: {now} vs {ref}"
+            assert now["children"] == ref["children"], where  # the same process, reused
+            assert now["fds"] <= ref["fds"], where
+            assert now["shm"] <= ref["shm"], where
     every = [sorted(i for o in run.outcomes for i in o.value["ids"][e]) for e in range(6)]
     assert every == [list(range(plan.num_samples))] * 6

@@ -27,10 +27,14 @@ def _is_loader_child(proc: psutil.Process) -> bool:
         return False
 
 
+def _live_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if _is_loader_child(p)]
+
+
 def _children_settle(timeout_s: float = 10.0) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = [p for p in psutil.Process().children(recursive=True) if _is_loader_child(p)]
+        alive = _live_children()
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
@@ -49,11 +53,41 @@ def test_break_then_full_epochs_leave_no_children(mode: str) -> None:
         odb.pop_step_info(batch)
         if step == 3:
             break
+    # The abandoned epoch's collate process (and worker) is stopped, not reused.
+    assert _children_settle() == []
+    kept = []
     for epoch in range(3):
         loader.set_epoch(epoch)
         ids = sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids)
         assert ids == list(range(120))
+        # Its workers have exited before the epoch's end reached us.
+        kept.append([p.pid for p in _live_children()])
+    # Between epochs only the idle collate process lives, the same one every epoch.
+    assert kept == [kept[0]] * 3 and len(kept[0]) == (mode == "process"), kept
+    del loader, batch  # the loader's collate process ends with it
     assert _children_settle() == []
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_reiterating_after_a_break_yields_only_the_new_epoch(mode: str) -> None:
+    # An iterator abandoned mid-epoch, then iter() again at once (the old iterator still
+    # referenced): the new epoch yields its own samples, each once, never stale batches.
+    loader = odb.ODBLoader(
+        LengthDataset([(i % 13) + 1 for i in range(90)]),
+        token_budget=32,
+        collate_mode=mode,
+        num_workers=1,
+        queue_depth=1,
+    )
+    old = iter(loader)
+    first = odb.pop_step_info(next(old))
+    loader.set_epoch(1)
+    infos = [odb.pop_step_info(b) for b in loader]
+    assert sorted(i for info in infos for i in info.sample_ids) == list(range(90))
+    assert {info.epoch for info in infos} == {1} and first.epoch == 0
+    del old
+    loader.set_epoch(2)  # and the loader keeps working after the old one is gone
+    assert sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids) == list(range(90))
 
 
 def test_exit_with_live_iterator_does_not_hang() -> None:

@@ -160,12 +160,18 @@ def test_three_epochs_leave_no_fds_shm_or_children() -> None:
     sum(1 for _ in loader)  # first use: lazily created resources of this process
     before_shm = shm_entries()
     before = _own_resources()
+    collate = multiprocessing.active_children()
+    assert len(collate) == 1  # the collate process, idle; its workers ended with the epoch
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert sum(odb.pop_step_info(b).local_samples for b in loader) == 200
+        assert multiprocessing.active_children() == collate  # the same process, reused
+        assert psutil.Process(collate[0].pid).children() == []
     assert _own_resources() == before
     assert not leaked_shm(before_shm)
+    del loader  # the loader's collate process ends with it
     assert not multiprocessing.active_children()
+    assert not leaked_shm(before_shm)
 
 
 @pytest.mark.timeout(60)
@@ -179,14 +185,16 @@ def test_an_unpicklable_sample_raises_in_its_worker(mode: str) -> None:
 def test_a_clean_collate_process_exits_with_code_zero() -> None:
     config = ODBConfig(token_budget=24, num_workers=1)
     spec = CollateSpec(KeyedDataset(50), PadCollate(), SampleMeter(config))
-    job = EpochJob(config, 0, 0, 1, list(range(50)))
-    side = ProcessTransport("the test's collate process", spec, job, None, "test/")
-    kind = "step"
-    while kind == "step":  # the transport alone: messages until the epoch's last
-        with contextlib.suppress(queue.Empty):
-            kind, _ = side.receive(timeout_s=1.0)
+    side = ProcessTransport("the test's collate process", spec, config, 0, None)
+    for epoch in range(2):  # the transport alone: one process, two epochs
+        side.begin(EpochJob(config, epoch, 0, 1, list(range(50))), f"test{epoch}/")
+        kind = "step"
+        while kind == "step":  # messages until the epoch's last
+            with contextlib.suppress(queue.Empty):
+                kind, _ = side.receive(timeout_s=1.0)
+        assert kind == "end" and side.is_alive()
     side.close(timeout_s=5.0)
-    assert kind == "end" and side.exitcode == 0
+    assert side.exitcode == 0
 
 
 @pytest.mark.timeout(90)

@@ -1,0 +1,128 @@
+"""The life of a collate process: one per loader and rank, across epochs.
+
+It is spawned at the loader's first ``iter()``, receives the user's parts (dataset,
+``collate_fn``, meter, ``worker_init_fn``) once through the start-up handshake
+(:mod:`odb.startup`), and then runs one epoch per job the trainer sends
+(:func:`odb.collate_side.collate_main`), idle in between; torch is imported and the
+dataset unpickled once, not per epoch. It ends on the trainer's stop (the loader was
+closed or garbage-collected, an iterator was abandoned mid-epoch, the interpreter
+exits), after any error of an epoch (the next ``iter()`` starts a fresh one), and by
+itself when its trainer dies (parent watchdog). Failure contract:
+``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from odb.collate_side import POLL_S, Heartbeat, collate_main
+from odb.engine import EpochJob
+from odb.handoff import SlabWriter
+
+# How often a collate process checks that its trainer is still alive.
+_WATCHDOG_S = 0.5
+# A collate process still running this long after the trainer stopped it (stuck in the
+# dataset or a collective) kills its workers and exits.
+_STOP_GRACE_S = 2.0
+
+
+def process_entry(
+    jobs: Connection,
+    ready: Any,
+    out: Any,
+    stop: Any,
+    parent_pid: int,
+    heartbeat: Heartbeat,
+    start_method: str,
+    returns: Connection,
+    slots: int,
+) -> None:
+    """Body of a collate process: the handshake, then epochs until an error or a stop."""
+    # Ctrl-C reaches the whole foreground process group; the trainer handles it and
+    # stops this process through the iterator's cleanup.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # DataLoader workers start the way they would in the trainer (a spawned child
+    # otherwise defaults to spawn, whatever the trainer uses).
+    multiprocessing.set_start_method(start_method, force=True)
+    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    # The handshake (odb/startup.py): the user's parts arrive after the start, once.
+    spec, rendezvous = pickle.loads(jobs.recv_bytes())
+    ready.set()
+    encoder = SlabWriter(returns, slots)
+    while (message := _next_job(jobs, stop)) is not None:
+        job, prefix = message
+        if not collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder):
+            break
+    jobs.close()
+    # Stay alive until the trainer has taken everything: new slabs (and batches too big
+    # for one) travel as shared-memory file descriptors this process must hand over.
+    stop.wait()
+    out.cancel_join_thread()
+    atexit.register(_skip_teardown)
+
+
+def _next_job(jobs: Connection, stop: Any) -> tuple[EpochJob, str] | None:
+    """The next epoch's ``(job, prefix)``; None once the trainer stopped or closed the pipe."""
+    try:
+        while not stop.is_set():
+            if jobs.poll(POLL_S):
+                return pickle.loads(jobs.recv_bytes())
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _skip_teardown() -> None:
+    """End a collate process that finished cleanly without the interpreter's teardown.
+
+    Registered last, so it is the first exit hook to run: after multiprocessing's own
+    exit work (finalizers, joining children, flushing std streams), and instead of
+    tearing down the interpreter, which took 0.3-0.5 s per epoch with torch loaded. A
+    forked child (every DataLoader worker) ends the same way.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def _watchdog(parent_pid: int, stop: Any) -> None:
+    """End this collate process when its trainer is gone, or stopped it and it is stuck.
+
+    Either way its DataLoader workers are killed first: a worker stuck in the user's
+    ``__getitem__`` would otherwise outlive it until the call returns.
+    """
+    stopped_at = None
+    while True:
+        time.sleep(_WATCHDOG_S)
+        if os.getppid() != parent_pid:
+            _exit_now()
+        if stopped_at is None and stop.is_set():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
+            _exit_now()
+
+
+def _exit_now() -> None:
+    for child in multiprocessing.active_children():
+        try:
+            child.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    os._exit(1)
+
+
+def trainer_start_method() -> str:
+    # allow_none: reading the default must not fix it for the user's program.
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]
