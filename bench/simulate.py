@@ -39,6 +39,7 @@ class RankTrace:
     recirculated: int = 0
     paced_rounds: int = 0
     max_age: int = 0
+    peak_window_bytes: int = 0
 
     @property
     def steps(self) -> int:
@@ -92,6 +93,7 @@ def simulate(
     free_slots: int | None = None,
     max_rounds: int = 1_000_000,
     check: bool = True,
+    sample_bytes: Sequence[int] | None = None,
 ) -> SimResult:
     """Run one epoch of ``W`` ranks in lockstep.
 
@@ -106,6 +108,8 @@ def simulate(
         max_rounds: Safety net: more rounds than this is a livelock, and raises.
         check: Verify the protocol's guarantees on the result (equal step counts, every
             multi-sample group within budget, identity coverage in join mode).
+        sample_bytes: Bytes of every sample's data (index -> bytes), for the window's
+            byte cap (``config.window_bytes``); default 0 (a pure-length run).
     """
     if views is None:
         if world_size is None:
@@ -115,7 +119,7 @@ def simulate(
     free = [config.queue_depth if free_slots is None else free_slots] * len(views)
     world = LockstepWorld(
         [
-            LockstepRank(RankRounds(config, len(v)), _reader(v, lengths), r)
+            LockstepRank(RankRounds(config, len(v)), _reader(v, lengths, sample_bytes), r)
             for r, v in enumerate(views)
         ]
     )
@@ -138,13 +142,16 @@ def simulate(
         trace.recirculated = rank.rounds.recirculated
         trace.paced_rounds = rank.rounds.paced_rounds
         trace.max_age = rank.max_age
+        trace.peak_window_bytes = rank.rounds.buffer.peak_nbytes
     result = SimResult(config, traces, len(targets), tail_rounds, targets)
     if check:
         _check(result, lengths, views)
     return result
 
 
-def _reader(view: Sequence[int], lengths: Sequence[int]) -> Pull:
+def _reader(
+    view: Sequence[int], lengths: Sequence[int], sample_bytes: Sequence[int] | None
+) -> Pull:
     """A rank's view as a :data:`odb.lockstep.Pull`: payloads ``(index, length)``."""
     indices = iter(view)
 
@@ -152,7 +159,8 @@ def _reader(view: Sequence[int], lengths: Sequence[int]) -> Pull:
         index = next(indices, None)
         if index is None:
             return None
-        return Reading(int(lengths[index]), 0, (index, int(lengths[index])))
+        nbytes = 0 if sample_bytes is None else int(sample_bytes[index])
+        return Reading(int(lengths[index]), 0, (index, int(lengths[index])), nbytes)
 
     return pull
 
@@ -212,6 +220,7 @@ def summarize(result: SimResult) -> dict[str, object]:
                 "recirculated": t.recirculated,
                 "paced_rounds": t.paced_rounds,
                 "max_age": t.max_age,
+                "peak_window_bytes": t.peak_window_bytes,
             }
         )
     return {

@@ -1,8 +1,9 @@
 """A rank's grouping window: samples read but not yet emitted, with their ages.
 
 Pure bookkeeping between reads and the alignment plan: it says when to stop reading
-(the window is sized by work: ``window_tokens``, capped by ``capacity`` samples),
-groups its contents (:func:`odb.grouping.form_groups`), splits the groups into those
+(the window is sized by work, a number of tokens the caller sets each round, and capped
+by ``capacity`` samples and by ``window_bytes`` bytes of sample data), groups its
+contents (:func:`odb.grouping.form_groups`), splits the groups into those
 ready now and those worth waiting for, hands out the chosen groups' payloads and ages
 everything left. Samples not chosen stay and are regrouped next round
 (recirculation), so nothing is ever dropped.
@@ -24,26 +25,46 @@ class _Entry:
     patches: int
     age: int
     payload: Any
+    nbytes: int = 0
 
 
 class SampleBuffer:
     """Buffered samples of one rank, keyed by a unique sequence number.
 
+    The caps are checked before a read, so the window may pass them by one sample: it
+    holds at most ``capacity`` samples and fewer than ``window_bytes`` plus one
+    sample's bytes. An empty window always has room, so reading always progresses.
+
     Args:
         budget: Group budget.
-        window_tokens: Tokens the window aims to hold before groups are formed.
         capacity: Most samples held at once.
         age_limit: Rounds after which a sample's group is ready regardless of fill.
+        window_bytes: Bytes of sample data after which the window stops reading.
+
+    Attributes:
+        peak_nbytes: The most bytes the window has held at once.
+
+    Example:
+        >>> buf = SampleBuffer(TokenBudget(8), capacity=4, age_limit=2, window_bytes=100)
+        >>> buf.add(3, 0, "a", nbytes=60)
+        >>> buf.wants_more(window_tokens=16), buf.has_room()
+        (True, True)
+        >>> buf.add(3, 0, "b", nbytes=60)
+        >>> buf.wants_more(window_tokens=16), buf.nbytes, buf.peak_nbytes
+        (False, 120, 120)
     """
 
-    def __init__(self, budget: TokenBudget, window_tokens: int, capacity: int,
-                 age_limit: int) -> None:
+    def __init__(
+        self, budget: TokenBudget, capacity: int, age_limit: int, window_bytes: int
+    ) -> None:
         self.budget = budget
-        self.window_tokens = window_tokens
         self.capacity = capacity
         self.age_limit = age_limit
+        self.window_bytes = window_bytes
+        self.peak_nbytes = 0
         self._entries: dict[int, _Entry] = {}
         self._tokens = 0
+        self._nbytes = 0
         self._next_key = 0
 
     def __len__(self) -> int:
@@ -54,18 +75,29 @@ class SampleBuffer:
         return self._tokens
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the buffered samples' data, as measured when they were read."""
+        return self._nbytes
+
+    @property
     def max_age(self) -> int:
         return max((e.age for e in self._entries.values()), default=0)
 
-    def wants_more(self) -> bool:
-        """True while the window holds fewer tokens than it aims for and has room."""
-        return self._tokens < self.window_tokens and len(self._entries) < self.capacity
+    def has_room(self) -> bool:
+        """True while the window is under both caps (samples and bytes)."""
+        return len(self._entries) < self.capacity and self._nbytes < self.window_bytes
 
-    def add(self, length: int, patches: int, payload: Any, age: int = 0) -> None:
-        """Buffer one sample (``length >= 1``)."""
-        self._entries[self._next_key] = _Entry(length, patches, age, payload)
+    def wants_more(self, window_tokens: int) -> bool:
+        """True while the window holds fewer than ``window_tokens`` and has room."""
+        return self._tokens < window_tokens and self.has_room()
+
+    def add(self, length: int, patches: int, payload: Any, age: int = 0, nbytes: int = 0) -> None:
+        """Buffer one sample (``length >= 1``) whose data takes ``nbytes`` bytes."""
+        self._entries[self._next_key] = _Entry(length, patches, age, payload, nbytes)
         self._next_key += 1
         self._tokens += length
+        self._nbytes += nbytes
+        self.peak_nbytes = max(self.peak_nbytes, self._nbytes)
 
     def plan(self, can_read_more: bool) -> tuple[list[Group], list[Group]]:
         """Group the window; return ``(ready, waiting)``, ready in emission order.
@@ -89,6 +121,7 @@ class SampleBuffer:
         for group in groups:
             entries = [self._entries.pop(item.key) for item in group.items]
             self._tokens -= sum(e.length for e in entries)
+            self._nbytes -= sum(e.nbytes for e in entries)
             payloads.append([e.payload for e in entries])
         for entry in self._entries.values():
             entry.age += 1
@@ -99,4 +132,5 @@ class SampleBuffer:
         out = [(e.length, e.patches, e.age, e.payload) for e in self._entries.values()]
         self._entries.clear()
         self._tokens = 0
+        self._nbytes = 0
         return out

@@ -215,6 +215,20 @@ class ODBConfig(LoaderConfig):
             is carried into the next epoch (quota closure).
         window_budgets: Size of the grouping window, in budgets' worth of tokens: the
             collate side keeps reading until its buffer holds this many budgets of tokens.
+        initial_window_budgets: The window's size in an epoch's first round, in budgets;
+            it doubles every round up to ``window_budgets`` (round ``k`` reads up to
+            ``min(window_budgets, initial_window_budgets * 2**k)`` budgets), and while
+            it grows each round emits one step. A small first window gets the first
+            batch out after a few samples instead of a whole window's worth (the
+            epoch-start stall, ``stats()['first_emit_s']``), at a small cost in padding
+            (``docs/benchmarks.md``, "Window ramp"). Set it to ``window_budgets`` to
+            read the whole window before the first round.
+        window_bytes: Most bytes of sample data (tensors and arrays) the window holds
+            before it stops reading, like ``buffer_size`` for samples: the window holds
+            at most this plus one sample, whatever the image sizes. The default, 1 GiB,
+            is about 75 images of 768x768 (Qwen-VL ``pixel_values``, ~14 MB each) or 5
+            samples at ShareGPT4o's pixel budget (up to ~200 MB each), where a 64-budget
+            window of 8192-token samples would hold several GB per rank.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
         queue_depth: Aligned steps that may wait for the trainer, and the most steps one
             alignment round may emit.
@@ -253,6 +267,8 @@ class ODBConfig(LoaderConfig):
     policy: Policy = "balanced"
     join: bool = True
     window_budgets: int = 64
+    initial_window_budgets: int = 4
+    window_bytes: int = 2**30
     buffer_size: int = 4096
     queue_depth: int = 8
     age_limit: int = 16
@@ -284,6 +300,8 @@ class ODBConfig(LoaderConfig):
         _check_positive_seconds("start_timeout_s", self.start_timeout_s)
         _check_bools(self, ("join", "pin_memory"))
         check_int("window_budgets", self.window_budgets, 1)
+        check_int("initial_window_budgets", self.initial_window_budgets, 1)
+        check_int("window_bytes", self.window_bytes, 1)
         check_int("buffer_size", self.buffer_size, 1)
         check_int("queue_depth", self.queue_depth, 1)
         check_int("age_limit", self.age_limit, 1)

@@ -6,7 +6,9 @@ iterator differ. Before the first round the ranks check that they agree on their
 source (:func:`odb.sharding.check_meet`). Each round (:mod:`odb.lockstep` is the round,
 without the transport):
 
-1. read samples into the window until it holds enough work (or the view is read);
+1. read samples into the window until it holds the round's share of the window (small
+   in the epoch's first round, so the first batch is out after a few reads; doubling
+   every round), its sample cap or its byte cap, or the view is read;
 2. group the window and report a fixed-size status to the peers (one all-gather);
 3. derive the round's plan (:func:`odb.alignment.plan_round`, identical on all ranks)
    and this rank's ``T`` steps: real groups, split groups or IDLE steps;
@@ -96,8 +98,9 @@ def run_epoch(
         free_slots: Free places in the queue to the trainer.
     """
     cfg = job.config
-    epoch_samples = _check_sources(job, group)
     metrics = EpochMetrics()
+    emit = _timing_first(emit, metrics)
+    epoch_samples = _check_sources(job, group)
     rounds = RankRounds(cfg, None if job.view is None else len(job.view))
     reader = SampleReader(cfg, samples, meter, idle_template, metrics)
     for index, sample in job.carried:  # a stream's carry from the last epoch comes first
@@ -115,8 +118,21 @@ def run_epoch(
     metrics.max_age = rank.max_age
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
+    metrics.peak_window_bytes = rounds.buffer.peak_nbytes
     carry, carried = _carry(job, rounds, group)
     return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
+
+
+def _timing_first(emit: Callable[[Any], None], metrics: EpochMetrics) -> Callable[[Any], None]:
+    """``emit`` that records the epoch-start stall: seconds from now to the first batch."""
+    started = time.perf_counter()
+
+    def timed(item: Any) -> None:
+        if metrics.first_emit_s == 0.0:
+            metrics.first_emit_s = time.perf_counter() - started
+        emit(item)
+
+    return timed
 
 
 def _check_sources(job: EpochJob, group: AlignmentGroup) -> int:

@@ -4,8 +4,9 @@ Every rank runs the same round, in the same order, and only the transport of the
 exchanges differs between the places that run it:
 
 1. :meth:`LockstepRank.report` reads samples into the window while
-   :meth:`odb.rounds.RankRounds.wants_read` (from a :data:`Pull`) and returns this
-   rank's :class:`odb.alignment.RankStatus`;
+   :meth:`odb.rounds.RankRounds.wants_read` (from a :data:`Pull`: up to the round's
+   share of the window, its sample cap and its byte cap) and returns this rank's
+   :class:`odb.alignment.RankStatus`;
 2. the statuses are all-gathered (collective 1, the 8-field wire row);
 3. :meth:`LockstepRank.decide` applies the plan every rank derives from the same
    gathered list and returns this rank's steps; a peer's failure raises
@@ -37,11 +38,16 @@ class PeerFailedError(RuntimeError):
 
 
 class Reading(NamedTuple):
-    """One sample read from a rank's view: its measure and what the window keeps of it."""
+    """One sample read from a rank's view: its measure and what the window keeps of it.
+
+    ``nbytes`` is what the payload's data takes in memory (0 for a pure-length run); the
+    window stops reading once it holds ``window_bytes`` (:class:`odb.buffer.SampleBuffer`).
+    """
 
     length: int
     patches: int
     payload: Any
+    nbytes: int = 0
 
 
 Pull = Callable[[], "Reading | None"]

@@ -104,6 +104,11 @@ class EpochMetrics(StepMetrics):
     align_bytes: int = 0
     tail_rounds: int = 0
     tail_start_buffered: int = 0
+    # The epoch-start stall: seconds from the start of the collate side's epoch (before
+    # the source check and the first read) to its first batch handed to the trainer.
+    first_emit_s: float = 0.0
+    # The most bytes of sample data (tensors, arrays) the grouping window held at once.
+    peak_window_bytes: int = 0
 
     def record_tail(self, statuses: Sequence[RankStatus], end: bool) -> None:
         """Count rounds after every rank has read its whole view (the termination tail).

@@ -5,7 +5,10 @@ rank's reads and its collectives: on the collate side (:func:`odb.engine.run_epo
 and, for many ranks in one process, in the benchmark simulator and the state-machine
 test. Per round:
 
-1. :meth:`RankRounds.wants_read` / :meth:`RankRounds.add` fill the window;
+1. :meth:`RankRounds.wants_read` / :meth:`RankRounds.add` fill the window, up to this
+   round's share of the window (:func:`window_budgets_in_round`: small at the epoch's
+   start, so its first step comes after a few reads, doubling every round, one step a
+   round while it grows), its sample cap and its byte cap;
 2. :meth:`RankRounds.status` is this rank's row of the all-gather;
 3. :meth:`RankRounds.decide` takes every rank's row and returns the plan and this
    rank's steps (groups to collate, IDLE count), removing the chosen samples. A rank
@@ -55,7 +58,7 @@ class RankRounds:
         self.read_count = 0
         self.read_tokens = 0
         self.buffer = SampleBuffer(
-            config.budget, config.window_tokens, config.buffer_size, config.age_limit
+            config.budget, config.buffer_size, config.age_limit, config.window_bytes
         )
         self.read_limit: int | None = None
         self.recirculated = 0
@@ -77,19 +80,26 @@ class RankRounds:
     def _may_read(self) -> bool:
         return not self.read_done and (self.read_limit is None or self.read_count < self.read_limit)
 
+    @property
+    def window_tokens(self) -> int:
+        """Tokens the window reads up to this round (:func:`window_budgets_in_round`)."""
+        return window_budgets_in_round(self.config, self.rounds) * self.config.token_budget
+
     def wants_read(self) -> bool:
         """Read another sample before this round's status?"""
-        return self._may_read() and self.buffer.wants_more()
+        return self._may_read() and self.buffer.wants_more(self.window_tokens)
 
-    def add(self, length: int, patches: int, payload: Any) -> None:
-        """Buffer one sample read from the view."""
-        self.buffer.add(length, patches, payload)
+    def add(self, length: int, patches: int, payload: Any, nbytes: int = 0) -> None:
+        """Buffer one sample read from the view (its data takes ``nbytes`` bytes)."""
+        self.buffer.add(length, patches, payload, nbytes=nbytes)
         self.read_count += 1
         self.read_tokens += length
 
     def status(self, free_slots: int) -> RankStatus:
         """Group the window and describe it; call once per round after reading."""
-        self._can_read = self._may_read() and len(self.buffer) < self.config.buffer_size
+        # Full (samples or bytes): nothing more arrives before the next round, so waiting
+        # for a group to fill gains nothing. Below this round's token share it would.
+        self._can_read = self._may_read() and self.buffer.has_room()
         self._ready, self._waiting = self.buffer.plan(self._can_read)
         unread = -1 if self.view_size is None else self.view_size - self.read_count
         self._status = RankStatus(
@@ -111,7 +121,7 @@ class RankRounds:
             statuses,
             policy=cfg.policy,
             join=cfg.join,
-            max_steps=cfg.queue_depth,
+            max_steps=self._max_steps(statuses),
             buffer_size=cfg.buffer_size,
         )
         if plan.end:
@@ -122,6 +132,20 @@ class RankRounds:
         self.recirculated += sum(g.size for g in ready[plan.target :])
         self.rounds += 1
         return RoundOutcome(plan, steps, self.buffer.take(steps.groups))
+
+    def _max_steps(self, statuses: Sequence[RankStatus]) -> int:
+        """The most steps of this round: one while the window still grows, else ``Q``.
+
+        A ramp round's window is smaller than the full one, so its groups are coarser;
+        emitting one step per round keeps that to ``log2(K / K0)`` steps an epoch while
+        the window doubles behind them. Once every rank has read its view the ramp is
+        moot (nothing more arrives), so the drain is not held back. The round index and
+        the gathered statuses are the same on every rank, so is this bound.
+        """
+        growing = window_budgets_in_round(self.config, self.rounds) < self.config.window_budgets
+        if growing and not all(s.read_done for s in statuses):
+            return 1
+        return self.config.queue_depth
 
     def _paced_groups(self, plan: RoundPlan) -> tuple[list[Group], list[Group]]:
         """``(ready, waiting)`` to take this round's ``T`` steps from.
@@ -147,6 +171,25 @@ class RankRounds:
     def leftover(self) -> list[Any]:
         """Remove and return the payloads still buffered (the non-join carry)."""
         return [payload for *_, payload in self.buffer.drain()]
+
+
+def window_budgets_in_round(config: ODBConfig, round_index: int) -> int:
+    """Budgets of tokens the window reads up to in round ``round_index`` of an epoch.
+
+    ``min(window_budgets, initial_window_budgets * 2**round_index)``: the first round
+    groups a small window, so the epoch's first steps leave after a few reads instead
+    of a whole window's; the window doubles every round, so after
+    ``log2(window_budgets / initial_window_budgets)`` rounds it is full size and the
+    grouping is today's. Every rank counts the same rounds, and the read target only
+    decides what a rank reports, never how the gathered reports are planned.
+
+    Example:
+        >>> cfg = ODBConfig(token_budget=8, window_budgets=64, initial_window_budgets=2)
+        >>> [window_budgets_in_round(cfg, k) for k in range(7)]
+        [2, 4, 8, 16, 32, 64, 64]
+    """
+    doublings = min(round_index, config.window_budgets.bit_length())
+    return min(config.window_budgets, config.initial_window_budgets << doublings)
 
 
 def _floor_tokens(budget: TokenBudget) -> int:

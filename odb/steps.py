@@ -30,6 +30,35 @@ if TYPE_CHECKING:
 
 LengthFn = Callable[[Any], int]
 
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def sample_nbytes(value: Any) -> int:
+    """Bytes of the tensors and arrays in a sample (dicts, lists, tuples searched).
+
+    What bounds the window's memory (``ODBConfig.window_bytes``): each object with an
+    integer ``nbytes`` (a ``torch.Tensor``, a ``numpy.ndarray``) counts its data, and
+    ``bytes`` their length. No data is touched or copied. A list or tuple that starts
+    with a scalar is taken as a list of scalars (token ids) and not walked: a few bytes
+    per token are noise next to the images this bound is for, and walking each would
+    cost more than the sample's grouping.
+
+    Example:
+        >>> import numpy as np
+        >>> sample_nbytes({"input_ids": [1, 2, 3], "pixels": [np.zeros((2, 4), np.float32)]})
+        32
+    """
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int) and not isinstance(value, _SCALARS):
+        return nbytes
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(sample_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)) and value and not isinstance(value[0], _SCALARS):
+        return sum(sample_nbytes(v) for v in value)
+    return 0
+
 
 @dataclass(frozen=True)
 class SampleMeter:
@@ -78,7 +107,8 @@ class SampleReader:
     """Pulls the view's samples, measures and validates them, keeps the IDLE template.
 
     The :data:`odb.lockstep.Pull` of this rank: each sample enters the window as
-    ``(index, sample, length)``.
+    ``(index, sample, length)``, with the bytes of its tensors (:func:`sample_nbytes`)
+    for the window's byte cap.
     """
 
     def __init__(
@@ -110,7 +140,7 @@ class SampleReader:
             self.template = sample
         if self.config.budget.is_oversize(length, patches):
             self.metrics.oversize += 1
-        return Reading(length, patches, (index, sample, length))
+        return Reading(length, patches, (index, sample, length), sample_nbytes(sample))
 
     def idle_sample(self) -> Any:
         """What IDLE steps are built from: the first sample read, else the template."""

@@ -52,6 +52,11 @@ BAD = [
     (dict(num_workers=2, prefetch_factor=1.5), TypeError, ["prefetch_factor", "1.5"]),
     (dict(prefetch_factor=2), ValueError, ["prefetch_factor", "num_workers"]),
     (dict(window_budgets=0), ValueError, ["window_budgets", "0"]),
+    (dict(initial_window_budgets=0), ValueError, ["initial_window_budgets", "0"]),
+    (dict(initial_window_budgets=2.0), TypeError, ["initial_window_budgets", "2.0"]),
+    (dict(window_bytes=0), ValueError, ["window_bytes", "0"]),
+    (dict(window_bytes=1e9), TypeError, ["window_bytes", "1000000000.0"]),
+    (dict(window_bytes=None), TypeError, ["window_bytes", "None"]),
     (dict(buffer_size=0), ValueError, ["buffer_size", "0"]),
     (dict(buffer_size=-3), ValueError, ["buffer_size", "-3"]),
     (dict(queue_depth=0), ValueError, ["queue_depth", "0"]),
@@ -106,6 +111,8 @@ def test_defaults_and_derived_values():
     )
     assert cfg.budget == TokenBudget(8192, "padded", None)
     assert cfg.window_tokens == cfg.window_budgets * 8192
+    # The window starts at 4 budgets and doubles per round; at most 1 GiB of tensors.
+    assert (cfg.initial_window_budgets, cfg.window_bytes) == (4, 2**30)
 
 
 def test_valid_edge_values_are_accepted():

@@ -1,8 +1,16 @@
-"""Pure parts of the epoch engine."""
+"""The epoch engine: its pure parts, and one rank's epoch with no peers (real tensors,
+no processes): when the first batch leaves and what the window holds in bytes."""
 
 from __future__ import annotations
 
-from odb.engine import deal_carry
+from dataclasses import replace
+
+import torch
+
+from odb.collate import PadCollate
+from odb.comm import AlignmentGroup
+from odb.config import ODBConfig
+from odb.engine import EpochJob, SampleMeter, deal_carry, run_epoch
 
 
 def test_deal_carry_balances_and_conserves() -> None:
@@ -14,3 +22,75 @@ def test_deal_carry_balances_and_conserves() -> None:
 
 def test_deal_carry_single_rank_keeps_its_carry_in_order() -> None:
     assert deal_carry([[5, 3, 9]], 0) == [5, 3, 9]
+
+
+# ------------------------------------------- the epoch's start and the window's bytes
+
+
+def _epoch(cfg: ODBConfig, lengths: list[int], pixels: int = 0) -> tuple[dict, list[int]]:
+    """``run_epoch`` on one rank with no peers over real tensors (``pixels`` float32 of
+    image data per sample). Returns the epoch's metrics and, per emitted batch, how many
+    samples had been read when it was handed over."""
+    reads: list[int] = []
+    emitted: list[int] = []
+
+    def samples():
+        for i, n in enumerate(lengths):
+            reads.append(i)
+            ids = torch.full((n,), i, dtype=torch.long)
+            yield i, {"input_ids": ids, "labels": ids.clone(), "pixels": torch.zeros(pixels)}
+
+    def collate(batch: list[dict]) -> dict:
+        return PadCollate()([{k: s[k] for k in ("input_ids", "labels")} for s in batch])
+
+    view = list(range(len(lengths)))
+    result = run_epoch(
+        EpochJob(cfg, 0, 0, 1, view),
+        samples(),
+        AlignmentGroup(None, "test/"),
+        collate,
+        SampleMeter(cfg),
+        lambda: {"input_ids": torch.ones(1, dtype=torch.long), "labels": torch.ones(1)},
+        lambda batch: emitted.append(len(reads)),
+        lambda: cfg.queue_depth,
+    )
+    return result.metrics, emitted
+
+
+def test_the_first_batch_leaves_after_a_few_reads_not_a_whole_window() -> None:
+    """The ramp: the first round groups ``initial_window_budgets`` budgets, so the first
+    batch is collated after about that many budgets' worth of reads; without the ramp
+    the whole window (64 budgets, most of this epoch) is read first."""
+    lengths = [50 + (i * 37) % 200 for i in range(600)]  # 50-249 tokens
+    ramp = ODBConfig(token_budget=1024, shuffle=False)
+    whole = replace(ramp, initial_window_budgets=ramp.window_budgets)
+    ramp_stats, ramp_emits = _epoch(ramp, lengths)
+    whole_stats, whole_emits = _epoch(whole, lengths)
+    assert whole_emits[0] >= 64 * 1024 // 250  # a full window of samples < 250 tokens
+    # 4 budgets (the default initial window) of samples of >= 50 tokens
+    assert ramp_emits[0] <= ramp.initial_window_budgets * 1024 // 50 + 1
+    assert ramp_stats["samples"] == whole_stats["samples"] == len(lengths)
+    assert 0 < ramp_stats["first_emit_s"] and 0 < whole_stats["first_emit_s"]
+
+
+def test_the_window_stops_reading_at_window_bytes() -> None:
+    """Samples of about 5 kB (4000 bytes of image data, 16 per token of ids and labels):
+    a 10000-byte window reads while under the cap, so it peaks below the cap plus one
+    sample, and every sample is still emitted once."""
+    lengths = [30 + i % 50 for i in range(120)]
+    largest = 4000 + 16 * max(lengths)
+    cfg = ODBConfig(token_budget=256, shuffle=False, window_bytes=10_000)
+    stats, _ = _epoch(cfg, lengths, pixels=1000)
+    assert 10_000 <= stats["peak_window_bytes"] < 10_000 + largest
+    assert stats["samples"] == len(lengths)
+    free, _ = _epoch(replace(cfg, window_bytes=2**30), lengths, pixels=1000)
+    assert free["peak_window_bytes"] > 10_000 + largest
+
+
+def test_one_sample_over_window_bytes_is_still_read() -> None:
+    """The cap is checked before a read, so an empty window always reads: a sample
+    larger than the whole cap passes through alone instead of stalling the epoch."""
+    cfg = ODBConfig(token_budget=256, shuffle=False, window_bytes=100)
+    stats, _ = _epoch(cfg, [40] * 5, pixels=1000)
+    assert stats["peak_window_bytes"] == 4000 + 16 * 40  # one sample: image, ids, labels
+    assert (stats["samples"], stats["steps"]) == (5, 5)

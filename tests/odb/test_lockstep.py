@@ -19,7 +19,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import odb.buffer
 import odb.lockstep
+import odb.rounds
+import odb.steps
 from bench.simulate import simulate
 from odb.alignment import RankStatus
 from odb.collate import PadCollate
@@ -33,8 +36,9 @@ from odb.step_info import STEP_INFO_KEY
 INT64 = st.integers(0, 2**62)
 
 
-def test_docstring_examples_run():
-    assert doctest.testmod(odb.lockstep).failed == 0
+@pytest.mark.parametrize("module", [odb.lockstep, odb.rounds, odb.buffer, odb.steps])
+def test_docstring_examples_run(module):
+    assert doctest.testmod(module).failed == 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -106,6 +110,40 @@ def test_max_age_is_the_oldest_at_any_report():
         if outcomes[0].plan.end:
             break
     assert [rank.max_age for rank in world.ranks] == [max(col) for col in zip(*ages, strict=True)]
+
+
+def test_the_window_starts_small_and_doubles_every_round():
+    """Samples of one budget each, one step per round: the window reads up to 1, 2, 4,
+    then its full 8 budgets (``window_budgets_in_round``), whatever it emitted."""
+    cfg = ODBConfig(token_budget=10, window_budgets=8, initial_window_budgets=1, queue_depth=1)
+    world = LockstepWorld(
+        [LockstepRank(RankRounds(cfg, 100), _pull([Reading(10, 0, i) for i in range(100)]))]
+    )
+    held = []
+    for _ in range(6):
+        (status,), _ = world.round([1])
+        held.append(status.buffered_tokens // 10)
+    assert held == [1, 2, 4, 8, 8, 8]
+    no_ramp = replace(cfg, initial_window_budgets=8)
+    rank = LockstepRank(RankRounds(no_ramp, 100), _pull([Reading(10, 0, i) for i in range(100)]))
+    assert rank.report(lambda: 1).buffered_tokens == 80
+
+
+def test_the_byte_cap_stops_reading_but_never_starves_the_window():
+    """Reading stops once the window holds ``window_bytes``; an empty window reads even
+    a sample larger than the cap, so every round has a sample to emit."""
+    cfg = ODBConfig(token_budget=100, window_bytes=50, buffer_size=8)
+    rank = LockstepRank(
+        RankRounds(cfg, 6),
+        _pull([Reading(1, 0, i, nbytes) for i, nbytes in enumerate([20, 20, 20, 200, 5, 5])]),
+    )
+    status = rank.report(lambda: 4)
+    assert (status.buffered, rank.rounds.buffer.nbytes) == (3, 60)  # stopped at >= 50
+    assert status.ready == 1  # a full window cannot read more: its group is ready
+    assert rank.decide([status]).payloads == [[0, 1, 2]]
+    status = rank.report(lambda: 4)  # empty: reads the 200-byte sample, then stops
+    assert (status.buffered, rank.rounds.buffer.nbytes) == (1, 200)
+    assert rank.rounds.buffer.peak_nbytes == 200
 
 
 def test_a_peer_failure_raises_on_every_rank():

@@ -4,13 +4,19 @@ the round driver ``odb.engine.run_epoch`` runs (``odb.lockstep``: read while
 all-gather in memory (``LockstepWorld``); the machine checks each round between the
 reports and the decisions, and after them.
 
-Hypothesis draws the scenario (ranks, per-rank views with their own length profiles and
-sizes, empty views included, policy, budget, small window/buffer/queue/age settings) and,
-per round, every rank's free output slots. Invariants are checked every round; the
-teardown runs the epoch to its end and checks the end-of-epoch guarantees.
+Hypothesis draws the scenario (ranks, per-rank views with their own length profiles,
+sample bytes and sizes, empty views included, policy, budget, small window/ramp/byte
+cap/buffer/queue/age settings) and, per round, every rank's free output slots.
+Invariants are checked every round; the teardown runs the epoch to its end and checks
+the end-of-epoch guarantees.
 
 Bounds checked (derived in the comments where they are checked):
 
+* reading: every sample is read while the window holds fewer tokens than the round's
+  share of the window (``min(window_budgets, initial_window_budgets * 2**round)``
+  budgets), fewer than ``buffer_size`` samples and fewer than ``window_bytes`` bytes;
+  a rank that stops reading with its view unread has hit one of these; so the window
+  never holds more than ``window_bytes`` plus one sample's bytes;
 * ages: a sample's age (rounds waited) is at most ``age_limit + buffer_size - 1``, and
   every round whose oldest sample is overdue emits a sample of that age;
 * termination: rounds after every view is read <= the most samples any rank held when
@@ -75,18 +81,21 @@ def _lengths(profile: str, budget: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def _view(draw, budget: int, with_patches: bool) -> list[tuple[int, int]]:
+def _view(draw, budget: int, with_patches: bool) -> list[tuple[int, int, int]]:
     profile = draw(st.sampled_from(PROFILES))
     size = draw(st.integers(0, MAX_VIEW))
     lengths = draw(st.lists(_lengths(profile, budget), min_size=size, max_size=size))
     patches = st.integers(0, 4) if with_patches else st.just(0)
-    return [(length, draw(patches)) for length in lengths]
+    # Text-only samples (0 bytes) and samples with images of varied sizes.
+    nbytes = st.just(0) | st.integers(0, 40)
+    return [(length, draw(patches), draw(nbytes)) for length in lengths]
 
 
 @dataclass(frozen=True)
 class Scenario:
     config: ODBConfig
-    views: tuple[tuple[tuple[int, int], ...], ...]  # per rank: (length, patches) per index
+    # per rank: (length, patches, bytes) per index
+    views: tuple[tuple[tuple[int, int, int], ...], ...]
 
 
 @st.composite
@@ -101,6 +110,8 @@ def scenarios(draw, join: bool) -> Scenario:
         policy=draw(st.sampled_from(["balanced", "paper"])),
         join=join,
         window_budgets=draw(st.integers(1, 3)),
+        initial_window_budgets=draw(st.integers(1, 3)),
+        window_bytes=draw(st.integers(1, 100) | st.just(2**30)),
         buffer_size=draw(st.integers(1, 8)),
         queue_depth=draw(st.integers(1, 4)),
         age_limit=draw(st.integers(1, 4)),
@@ -121,13 +132,15 @@ def pacing_scenarios(draw, join: bool) -> Scenario:
         policy=draw(st.sampled_from(["balanced", "paper"])),
         join=join,
         window_budgets=draw(st.integers(2, 6)),
+        initial_window_budgets=draw(st.integers(1, 6)),
         buffer_size=draw(st.integers(8, 64)),
         queue_depth=draw(st.integers(2, 6)),
         age_limit=draw(st.integers(1, 6)),
     )
     length = st.integers(1, budget // 3)
-    shared = draw(st.lists(st.tuples(length, st.just(0)), min_size=10, max_size=40))
-    extras = st.lists(st.tuples(length | st.integers(1, budget), st.just(0)), max_size=8)
+    zero = st.just(0)
+    shared = draw(st.lists(st.tuples(length, zero, zero), min_size=10, max_size=40))
+    extras = st.lists(st.tuples(length | st.integers(1, budget), zero, zero), max_size=8)
     views = tuple(tuple(shared + draw(extras)) for _ in range(world))
     return Scenario(config, views)
 
@@ -155,6 +168,8 @@ class RoundsMachine(RuleBasedStateMachine):
         self.emitted = [set() for _ in self.views]
         self.born = [{} for _ in self.views]  # index -> rounds decided when it was read
         self.read_tokens = [0] * self.world
+        self.peak_bytes = [0] * self.world
+        self.max_sample_bytes = max((b for v in self.views for *_, b in v), default=0)
         self.rounds = 0  # non-end rounds
         self.ended = False
         self.broken = False
@@ -170,6 +185,12 @@ class RoundsMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ one round
 
+    def _window_tokens(self) -> int:
+        """This round's share of the window: the ramp restated, in tokens."""
+        cfg = self.cfg
+        budgets = min(cfg.window_budgets, cfg.initial_window_budgets * 2**self.rounds)
+        return budgets * cfg.token_budget
+
     def _pull(self, r: int):
         """Rank ``r``'s view as the driver's pull; records when each index was read."""
         rr, view = self.ranks[r], self.views[r]
@@ -177,16 +198,42 @@ class RoundsMachine(RuleBasedStateMachine):
         def pull() -> Reading:
             i = rr.read_count
             assert i < len(view), f"rank {r} wants to read past its view ({i} of {len(view)})"
-            length, patches = view[i]
+            # The reading rule: below the round's token share and under both caps.
+            buf = rr.buffer
+            assert buf.tokens < self._window_tokens(), (buf.tokens, self._window_tokens())
+            assert len(buf) < self.cfg.buffer_size
+            assert buf.nbytes < self.cfg.window_bytes, (buf.nbytes, self.cfg.window_bytes)
+            length, patches, nbytes = view[i]
             self.born[r][i] = self.rounds
             self.read_tokens[r] += length
-            return Reading(length, patches, (r, i))
+            return Reading(length, patches, (r, i), nbytes)
 
         return pull
 
     def _check_reads(self, r: int) -> None:
-        rr = self.ranks[r]
+        rr, cfg = self.ranks[r], self.cfg
         assert not rr.wants_read()
+        buf = rr.buffer
+        if rr._may_read():
+            # It stopped with samples left to read: the window is at the round's share,
+            # or at a cap (the empty window always reads, so no rank stalls).
+            assert (
+                buf.tokens >= self._window_tokens()
+                or len(buf) >= cfg.buffer_size
+                or buf.nbytes >= cfg.window_bytes
+            )
+            assert len(buf) > 0
+            if buf.nbytes >= cfg.window_bytes:
+                event("the byte cap stopped reading")
+            elif len(buf) < cfg.buffer_size and buf.tokens < cfg.window_tokens:
+                event("the ramp stopped reading below the full window")
+        # The byte bound: a read needs the window under window_bytes, so it holds less
+        # than window_bytes plus one sample. The peak is what the metrics report.
+        held = sum(self.views[r][i][2] for i in self.born[r] if i not in self.emitted[r])
+        assert buf.nbytes == held
+        assert buf.nbytes < cfg.window_bytes + self.max_sample_bytes or buf.nbytes == 0
+        self.peak_bytes[r] = max(self.peak_bytes[r], buf.nbytes)
+        assert buf.peak_nbytes == self.peak_bytes[r]
         if not self.cfg.join and self.prev_statuses is not None:
             # The read limit of the last plan: no rank runs ahead of the slowest by more
             # than one buffer's worth.
@@ -223,7 +270,11 @@ class RoundsMachine(RuleBasedStateMachine):
                 cfg.age_limit,
                 cfg.buffer_size,
             )
-            can_read = rr._may_read() and len(rr.buffer) < cfg.buffer_size
+            can_read = (
+                rr._may_read()
+                and len(rr.buffer) < cfg.buffer_size
+                and rr.buffer.nbytes < cfg.window_bytes
+            )
             if not can_read:
                 # buffer.plan: a nonempty buffer that cannot read more has a ready group.
                 assert s.buffered == 0 or s.ready >= 1
@@ -249,6 +300,8 @@ class RoundsMachine(RuleBasedStateMachine):
                 assert any(s.dry for s in statuses), "non-join: ended with no rank dry"
             return
         assert 1 <= plan.target <= cfg.queue_depth
+        if self._window_tokens() < cfg.window_tokens and not all_read:
+            assert plan.target == 1, "a round of a growing window emitted more than one step"
         if cfg.join:
             assert plan.read_limit is None
         else:
@@ -270,7 +323,7 @@ class RoundsMachine(RuleBasedStateMachine):
                 samples = [self.views[r][i] for i in indices]
                 assert sorted(x.length for x in group.items) == sorted(x[0] for x in samples)
                 measure = GroupMeasure()
-                for length, patches in samples:
+                for length, patches, _ in samples:
                     measure = measure.plus(length, patches)
                 if len(samples) > 1:
                     assert budget.fits(measure), f"rank {r} group {samples} exceeds the budget"
