@@ -1,0 +1,489 @@
+"""odb vs a plain DataLoader on the real Qwen3-VL preprocessing path (the four proxies).
+
+Every (proxy, W, loader) cell runs in fresh processes: W ranks spawned by
+``tests.dist.run_ranks`` (Gloo over TCP on 127.0.0.1, a free port), each building the
+same ``experiments.data.pipeline.PreprocessedDataset`` (images decoded and turned into
+``pixel_values``; per-proxy pixel budget as the proxies were calibrated for,
+``experiments.data.proxies.default_max_pixels``: 768x768, ShareGPT4o 3072x3072) and
+iterating it with one of
+
+* ``plain``: ``DataLoader(dataset, batch_size=1, num_workers=--workers,
+  sampler=DistributedSampler(dataset, W, rank, seed=--seed), collate_fn=collate)``;
+* ``odb``: ``odb.ODBLoader(dataset, token_budget=--budget, num_workers=--workers,
+  collate_fn=collate, seed=--seed)`` with every other setting at its default;
+
+where ``collate`` is the project's own (``experiments.data.pipeline.collate`` with the
+tokenizer's pad id). The consumer does no work: it counts samples and tokens.
+
+Reported per cell (each rank measures its own; the cell sums or takes the slowest):
+
+* ``samples_per_s``: samples emitted on all ranks / the slowest rank's wall-clock,
+  measured from just before ``iter()`` (so the collate process's start, the workers'
+  start and the first grouping window are inside) to the last batch;
+* ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
+* ``peak_uss_mb``: the peak over time of the USS summed over every process the cell
+  started (ranks, DataLoader workers, collate processes), **sampled** by a background
+  thread of this process with psutil every ``--mem-interval-ms``; ``peak_pss_mb`` the
+  same with PSS (shared pages split between the processes that map them, so tensors in
+  shared memory count once instead of not at all);
+* ``padding_efficiency``: real tokens (``attention_mask`` ones) / padded tokens
+  (``attention_mask`` elements) of the emitted non-IDLE batches, for both loaders;
+* ``steps``: batches per rank (the slowest rank), IDLE steps apart;
+* odb only: its ``stats()`` per rank and epoch.
+
+CPU-proxy scale: all processes share the machine's cores (see ``machine``), so compare
+the loaders within one run, never across machines.
+
+    python -m bench.real_pipeline --samples 300 --world 1 2 --out results/bench/real_pipeline.json
+
+Needs the data assets of ``make reproduce`` (``results/data/proxies`` and
+``results/data/assets/processor``), or ``--proxies-dir`` / ``--processor``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import _io
+from experiments.data.proxies import PROXY_NAMES, default_max_pixels
+from tests.dist import run_ranks
+
+LOADERS = ("plain", "odb")
+MB = 1 << 20
+# Nothing on this path may reach a hub; set in every rank before HF code is imported.
+_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """What one rank of one (proxy, W, loader) cell runs; picklable for the spawn."""
+
+    proxy: str
+    source: str
+    processor: str
+    loader: str
+    samples: int
+    budget: int
+    workers: int
+    epochs: int
+    max_pixels: int
+    cutoff_len: int
+    seed: int
+    progress_s: float
+
+
+def proxy_source(root: Path, name: str) -> str:
+    """The ``DataConfig.source`` of a proxy written by ``experiments.data.proxies``."""
+    return str(root / name / "llava_instruct_150k.json") if name == "llava" else str(root / name)
+
+
+# ---------------------------------------------------------------- memory (this process)
+
+
+class TreeMemorySampler:
+    """Peak USS and PSS summed over this process's descendants, sampled in a thread.
+
+    Sampling misses peaks shorter than the interval; the result says it was sampled.
+
+    Example:
+        >>> with TreeMemorySampler(0.05) as mem:  # doctest: +SKIP
+        ...     run_ranks(...)
+        >>> mem.result()["peak_uss_mb"]  # doctest: +SKIP
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-memory", daemon=True)
+        self.peak_uss = 0
+        self.peak_pss = 0
+        self.peak_processes = 0
+        self.samples = 0
+
+    def __enter__(self) -> TreeMemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        me = psutil.Process(os.getpid())
+        while not self._stop.is_set():
+            uss = pss = count = 0
+            try:
+                children = me.children(recursive=True)
+            except psutil.Error:
+                children = []
+            for proc in children:
+                try:
+                    info = proc.memory_full_info()
+                except psutil.Error:  # exited between the listing and the read
+                    continue
+                uss += info.uss
+                pss += info.pss
+                count += 1
+            if count:
+                self.samples += 1
+                if uss > self.peak_uss:
+                    self.peak_uss, self.peak_processes = uss, count
+                self.peak_pss = max(self.peak_pss, pss)
+            self._stop.wait(self.interval_s)
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "peak_uss_mb": round(self.peak_uss / MB, 1),
+            "peak_pss_mb": round(self.peak_pss / MB, 1),
+            "processes_at_peak_uss": self.peak_processes,
+            "memory_samples": self.samples,
+            "memory_method": f"sampled every {self.interval_s * 1000:.0f} ms with psutil: "
+            "sum over all processes of the cell (ranks, workers, collate processes)",
+        }
+
+
+# ---------------------------------------------------------------- one rank
+
+
+def _own_uss_mb() -> float:
+    me = psutil.Process(os.getpid())
+    total = 0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().uss
+        except psutil.Error:
+            pass
+    return round(total / MB, 1)
+
+
+def _build_loader(spec: CellSpec, dataset: Any, rank: int, world: int) -> tuple[Any, Any]:
+    """(loader, the object whose ``set_epoch`` selects the epoch's order)."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import odb
+    from experiments.data.pipeline import collate
+
+    collate_fn = partial(collate, pad_token_id=dataset.tokenizer.pad_token_id)
+    if spec.loader == "odb":
+        loader = odb.ODBLoader(
+            dataset,
+            token_budget=spec.budget,
+            num_workers=spec.workers,
+            collate_fn=collate_fn,
+            seed=spec.seed,
+        )
+        return loader, loader
+    sampler = DistributedSampler(
+        dataset, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=1,
+        sampler=sampler,
+        num_workers=spec.workers,
+        collate_fn=collate_fn,
+    )
+    return loader, sampler
+
+
+def _run_epoch(spec: CellSpec, loader: Any, label: str) -> dict[str, Any]:
+    import odb
+
+    started = time.perf_counter()
+    first_s = None
+    samples = steps = idle = real = padded = 0
+    next_report = started + spec.progress_s
+    for batch in loader:
+        now = time.perf_counter()
+        if first_s is None:
+            first_s = now - started
+        if spec.loader == "odb":
+            info = odb.pop_step_info(batch)
+            n, is_idle = info.local_samples, info.idle
+        else:
+            n, is_idle = batch["input_ids"].shape[0], False
+        steps += 1
+        samples += n
+        if is_idle:
+            idle += 1
+        else:
+            mask = batch["attention_mask"]
+            real += int(mask.sum())
+            padded += mask.numel()
+        del batch
+        if now >= next_report:
+            _rank_progress(label, samples, steps, now - started, first_s)
+            next_report = now + spec.progress_s
+    wall = time.perf_counter() - started
+    _rank_progress(label + " done", samples, steps, wall, first_s)
+    return {
+        "samples": samples,
+        "steps": steps,
+        "idle_steps": idle,
+        "wall_s": round(wall, 3),
+        "first_batch_s": None if first_s is None else round(first_s, 3),
+        "real_tokens": real,
+        "padded_tokens": padded,
+    }
+
+
+def _rank_progress(label: str, samples: int, steps: int, elapsed: float, first: float | None):
+    first_txt = "no batch yet" if first is None else f"first batch {first:.2f} s"
+    rate = samples / elapsed if elapsed > 0 else 0.0
+    print(
+        f"  [{label}] {samples} samples, {steps} steps in {elapsed:.1f} s: "
+        f"{rate:.1f} samples/s ({first_txt})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def rank_cell(rank: int, world: int, spec: CellSpec) -> dict[str, Any]:
+    """One rank of a cell: build the dataset and loader, run the epochs, measure."""
+    import multiprocessing
+
+    from experiments.data.pipeline import DataConfig, PreprocessedDataset
+
+    # A rank started by multiprocessing's spawn inherits "spawn" as its default start
+    # method, so a plain DataLoader's workers would re-import torch and unpickle the
+    # dataset (25-35 s to the first batch on a loaded 2-core machine). A rank started
+    # by torchrun has the platform default (fork on Linux); give the rank that.
+    multiprocessing.set_start_method(None, force=True)
+
+    dataset = PreprocessedDataset(
+        DataConfig(
+            spec.proxy,
+            spec.source,
+            spec.processor,
+            cutoff_len=spec.cutoff_len,
+            image_max_pixels=spec.max_pixels,
+            seed=spec.seed,
+            max_samples=spec.samples,
+        )
+    )
+    if len(dataset) != spec.samples:
+        raise ValueError(
+            f"{spec.proxy} at {spec.source} has {len(dataset)} records, fewer than "
+            f"--samples {spec.samples}; lower --samples or generate more rows"
+        )
+    loader, epoch_setter = _build_loader(spec, dataset, rank, world)
+    uss_before = _own_uss_mb()
+    epochs = []
+    for epoch in range(spec.epochs):
+        epoch_setter.set_epoch(epoch)
+        label = f"{spec.proxy} W={world} {spec.loader} rank {rank} epoch {epoch}"
+        record = _run_epoch(spec, loader, label)
+        if spec.loader == "odb":
+            record["odb_stats"] = loader.stats()
+        epochs.append(record)
+    return {"rank": rank, "uss_before_iter_mb": uss_before, "epochs": epochs}
+
+
+# ---------------------------------------------------------------- one cell
+
+
+def run_cell(spec: CellSpec, world: int, mem_interval_s: float, timeout_s: float) -> dict:
+    """Run one (proxy, W, loader) cell on ``world`` fresh ranks; summarise it."""
+    with TreeMemorySampler(mem_interval_s) as mem:
+        ranks = run_ranks(rank_cell, world, spec, timeout=timeout_s, env=_OFFLINE_ENV)
+    return summarise(ranks) | mem.result()
+
+
+def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cell's numbers from its ranks' records (sums, or the slowest rank)."""
+    per_rank_wall = [sum(e["wall_s"] for e in r["epochs"]) for r in ranks]
+    samples = sum(e["samples"] for r in ranks for e in r["epochs"])
+    real = sum(e["real_tokens"] for r in ranks for e in r["epochs"])
+    padded = sum(e["padded_tokens"] for r in ranks for e in r["epochs"])
+    epochs = len(ranks[0]["epochs"])
+    wall = max(per_rank_wall)
+    out: dict[str, Any] = {
+        "samples": samples,
+        "samples_per_s": round(samples / wall, 2) if wall > 0 else None,
+        "wall_s": round(wall, 3),
+        "first_batch_s": max(r["epochs"][0]["first_batch_s"] or 0.0 for r in ranks),
+        "first_batch_s_per_epoch": [
+            max(r["epochs"][e]["first_batch_s"] or 0.0 for r in ranks) for e in range(epochs)
+        ],
+        "steps": max(sum(e["steps"] for e in r["epochs"]) for r in ranks),
+        "idle_steps": sum(e["idle_steps"] for r in ranks for e in r["epochs"]),
+        "padding_efficiency": round(real / padded, 4) if padded else None,
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "uss_before_iter_mb": round(sum(r["uss_before_iter_mb"] for r in ranks), 1),
+        "per_rank": [
+            {
+                "rank": r["rank"],
+                "samples": sum(e["samples"] for e in r["epochs"]),
+                "wall_s": round(w, 3),
+                "samples_per_s": round(sum(e["samples"] for e in r["epochs"]) / w, 2)
+                if w > 0
+                else None,
+                "epochs": r["epochs"],
+            }
+            for r, w in zip(ranks, per_rank_wall, strict=True)
+        ],
+    }
+    return out
+
+
+def compare(plain: dict[str, Any], odb: dict[str, Any]) -> dict[str, Any]:
+    """odb relative to plain in one (proxy, W)."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    return {
+        "samples_per_s_odb_vs_plain": ratio(odb["samples_per_s"], plain["samples_per_s"]),
+        "peak_uss_odb_vs_plain": ratio(odb["peak_uss_mb"], plain["peak_uss_mb"]),
+        "first_batch_s_plain_odb": [plain["first_batch_s"], odb["first_batch_s"]],
+        "steps_plain_odb": [plain["steps"], odb["steps"]],
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """A markdown table of the headline numbers (the JSON holds everything)."""
+    lines = [
+        "| proxy | W | samples/s plain / odb (ratio) | first batch s plain / odb "
+        "| peak USS MB plain / odb | padding eff. plain / odb | steps plain / odb |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cell in results.values():
+        p, o, c = cell["plain"], cell["odb"], cell["odb_vs_plain"]
+        lines.append(
+            f"| {cell['proxy']} | {cell['world_size']} | {p['samples_per_s']} / "
+            f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x) | "
+            f"{p['first_batch_s']:.2f} / {o['first_batch_s']:.2f} | "
+            f"{p['peak_uss_mb']:.0f} / {o['peak_uss_mb']:.0f} | "
+            f"{p['padding_efficiency']} / {o['padding_efficiency']} | "
+            f"{p['steps']} / {o['steps']} |"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def _check_args(args: Any, parser: Any) -> None:
+    for name in args.proxies:
+        if name not in PROXY_NAMES:
+            parser.error(f"unknown proxy {name!r}; choose from {PROXY_NAMES}")
+    for world in args.world:
+        if world < 1:
+            parser.error(f"--world {world}: every world size must be >= 1")
+        if args.samples % world:
+            # DistributedSampler would repeat samples to even the ranks out.
+            parser.error(
+                f"--samples {args.samples} is not divisible by W={world}; the plain "
+                "DataLoader's DistributedSampler would repeat samples. Use a multiple of "
+                f"{math.lcm(*args.world)}"
+            )
+    for name in ("samples", "budget", "epochs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.workers < 0:
+        parser.error(f"--workers must be >= 0, got {args.workers}")
+    if not args.processor.exists():
+        parser.error(
+            f"--processor {args.processor} does not exist; build the data assets "
+            "(`make reproduce`, or experiments.data.assets) or point --processor at them"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = _io.parser(__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=300, help="samples per epoch (all ranks)")
+    p.add_argument("--budget", type=int, default=8192, help="odb token budget")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (both)")
+    p.add_argument("--proxies", nargs="+", default=list(PROXY_NAMES))
+    p.add_argument("--world", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--proxies-dir", type=Path, default=Path("results/data/proxies"))
+    p.add_argument("--processor", type=Path, default=Path("results/data/assets/processor"))
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=0,
+        help="pixel budget for every proxy; 0: each proxy's own (default_max_pixels)",
+    )
+    p.add_argument("--cutoff-len", type=int, default=16384)
+    p.add_argument("--mem-interval-ms", type=float, default=50.0)
+    p.add_argument("--progress-s", type=float, default=10.0, help="rank progress interval")
+    p.add_argument("--timeout", type=float, default=1800.0, help="hard limit per cell, s")
+    args = p.parse_args(argv)
+    _check_args(args, p)
+
+    results: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for proxy in args.proxies:
+        max_pixels = args.max_pixels or default_max_pixels(proxy)
+        for world in args.world:
+            cell: dict[str, Any] = {"proxy": proxy, "world_size": world}
+            for name in LOADERS:
+                spec = CellSpec(
+                    proxy=proxy,
+                    source=proxy_source(args.proxies_dir, proxy),
+                    processor=str(args.processor),
+                    loader=name,
+                    samples=args.samples,
+                    budget=args.budget,
+                    workers=args.workers,
+                    epochs=args.epochs,
+                    max_pixels=max_pixels,
+                    cutoff_len=args.cutoff_len,
+                    seed=args.seed,
+                    progress_s=args.progress_s,
+                )
+                settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
+                _io.progress(f"{proxy} W={world} {name}: starting {world} rank(s)")
+                r = run_cell(spec, world, args.mem_interval_ms / 1000, args.timeout)
+                _io.progress(
+                    f"{proxy} W={world} {name}: {r['samples']} samples in {r['wall_s']:.1f} s, "
+                    f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
+                    f"peak USS {r['peak_uss_mb']:.0f} MB, padding {r['padding_efficiency']}, "
+                    f"{r['steps']} steps"
+                )
+                cell[name] = r
+            cell["odb_vs_plain"] = compare(cell["plain"], cell["odb"])
+            results[f"{proxy}/W{world}"] = cell
+    text = table(results)
+    _io.progress("summary:\n" + text)
+    doc = {
+        "benchmark": "real_pipeline",
+        "machine": _io.machine(),
+        "settings": {
+            "samples_per_epoch": args.samples,
+            "epochs": args.epochs,
+            "token_budget": args.budget,
+            "num_workers": args.workers,
+            "world_sizes": args.world,
+            "seed": args.seed,
+            "cutoff_len": args.cutoff_len,
+            "processor": str(args.processor),
+            "proxies": settings,
+            "odb": "ODBLoader defaults otherwise (process collate, window_budgets=64)",
+            "plain": "DataLoader(batch_size=1, DistributedSampler(shuffle=True))",
+            "collate": "experiments.data.pipeline.collate (pad id of the tokenizer)",
+            "consumer": "no-op (counts samples and tokens)",
+            "ranks": "spawned, Gloo over TCP on 127.0.0.1 (tests.dist.run_ranks)",
+        },
+        "table_markdown": text,
+        "results": results,
+    }
+    _io.emit(doc, args.out)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""``bench.real_pipeline`` on a tiny MM-Mix proxy: real ranks, real pipeline, one JSON.
+
+Only bounds that do not depend on the machine's speed are asserted: every sample is
+emitted once per loader, padding efficiency is a fraction, odb never takes more steps
+than one-sample batches, and the sampled memory is positive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.real_pipeline import main
+from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
+from experiments.data.proxies import ProxyConfig, write_proxy
+
+SAMPLES = 12
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    proxies = tmp_path / "proxies"
+    write_proxy(ProxyConfig("mmmix", num_samples=40, seed=0), proxies / "mmmix")
+    processor = tmp_path / "processor"
+    train_tokenizer(corpus_from_proxies(proxies), processor, vocab_size=2000)
+    build_image_processor(768 * 768).save_pretrained(processor)
+    out = tmp_path / "real_pipeline.json"
+
+    main(
+        [
+            "--samples", str(SAMPLES), "--proxies", "mmmix", "--world", "1",
+            "--workers", "0", "--proxies-dir", str(proxies), "--processor", str(processor),
+            "--out", str(out), "--timeout", "120",
+        ]
+    )  # fmt: skip
+
+    doc = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == doc  # stdout and --out agree
+    assert doc["machine"]["scale"] == "CPU-proxy scale"
+    cell = doc["results"]["mmmix/W1"]
+    plain, odb = cell["plain"], cell["odb"]
+    for r in (plain, odb):
+        assert r["samples"] == SAMPLES
+        assert sum(p["samples"] for p in r["per_rank"]) == SAMPLES
+        assert 0 < r["padding_efficiency"] <= 1
+        assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["memory_samples"] > 0
+        assert r["samples_per_s"] > 0 and 0 <= r["first_batch_s"] <= r["wall_s"]
+    assert plain["steps"] == SAMPLES and plain["padding_efficiency"] == 1.0
+    assert 1 <= odb["steps"] <= plain["steps"]
+    stats = odb["per_rank"][0]["epochs"][0]["odb_stats"]
+    assert stats["samples"] == SAMPLES and stats["steps"] == odb["steps"]
+    assert stats["padding_efficiency"] == pytest.approx(odb["padding_efficiency"], abs=1e-4)
+    assert cell["odb_vs_plain"]["steps_plain_odb"] == [SAMPLES, odb["steps"]]
+    assert "mmmix" in doc["table_markdown"]
