@@ -16,10 +16,17 @@ and world size, and both alignment policies, one epoch is simulated with
 Targets (issue): padding efficiency >= 0.97 on all four; steps <= 1.03x the oracle's;
 IDLE steps <= 1% of steps at ``W = 4``. The JSON reports pass/fail for each run.
 
-Then the knobs, at one budget and ``W = 1`` and ``4``: ``window_budgets``, ``age_limit``
-and ``queue_depth`` one at a time from the defaults, and a small grid over the three
+Then the knobs, at one budget and ``W = 1`` and ``4``: ``window_budgets``,
+``initial_window_budgets`` (the epoch-start ramp; ``64`` = no ramp), ``age_limit`` and
+``queue_depth`` one at a time from the defaults, and a small grid over three of them
 (``balanced``, both budgets, both world sizes) that lists which settings meet the
 targets everywhere.
+
+The byte cap (``window_bytes``) binds only when samples carry tensors; the simulated
+lengths carry none, so ``byte_sweep`` gives every sample ``--bytes-per-token`` bytes per
+token (default 24576: Qwen3-VL's float32 ``pixel_values`` of one merged visual token, 2x2
+patches of 3*2*16*16 values; i.e. the worst case, every token an image token) and runs
+the defaults under a few caps.
 
     python -m bench.grouping --out results/bench/grouping.json \
         --plot docs/figures/padding_vs_window.png
@@ -63,8 +70,11 @@ def per_rank_oracle(lens, budget: int, world_size: int, seed: int) -> dict:
     }
 
 
-def run_one(lens, config: ODBConfig, world_size: int, orc: dict, rank_orc: dict) -> dict:
-    s = summarize(simulate(lens, config, world_size=world_size))
+def run_one(
+    lens, config: ODBConfig, world_size: int, orc: dict, rank_orc: dict, result=None
+) -> dict:
+    """One simulated epoch (``result``, if already run) against the oracles and targets."""
+    s = summarize(result or simulate(lens, config, world_size=world_size))
     per_rank = s.pop("per_rank")
     s["per_rank_steps_idle"] = [(r["real_steps"], r["idle"]) for r in per_rank]
     s["steps_vs_oracle"] = round(s["steps"] / orc["steps"], 4)
@@ -116,6 +126,7 @@ def main_grid(args) -> dict:
 
 SWEEPS = {
     "window_budgets": (8, 16, 32, 64, 128),
+    "initial_window_budgets": (1, 2, 4, 8, 64),
     "age_limit": (4, 16, 64),
     "queue_depth": (1, 4, 8, 16),
 }
@@ -178,6 +189,38 @@ def sweeps(args) -> dict:
             },
         }
     return out
+
+
+def byte_sweep(args) -> dict:
+    """The defaults under a byte cap, every token ``--bytes-per-token`` bytes (worst case).
+
+    ``window_budgets_equivalent`` is the cap in budgets of such tokens: below the token
+    window (64 budgets) the cap, not the token target, sizes the window.
+    """
+    budget, per_token = args.sweep_budget, args.bytes_per_token
+    data = {name: lengths(name, args.n, args.seed) for name in NAMES}
+    rows = []
+    for w, mib, name in itertools.product(args.sweep_worlds, args.byte_windows, NAMES):
+        _io.progress(f"byte sweep W={w} window_bytes={mib} MiB {name}")
+        lens = data[name]
+        refs = (oracle(lens, budget, w), per_rank_oracle(lens, budget, w, args.seed))
+        cfg = ODBConfig(token_budget=budget, seed=args.seed, window_bytes=mib * 2**20)
+        sim = simulate(lens, cfg, world_size=w, sample_bytes=[int(n) * per_token for n in lens])
+        s = run_one(lens, cfg, w, *refs, result=sim)
+        rows.append(
+            {
+                "world_size": w,
+                "window_bytes_mib": mib,
+                "window_budgets_equivalent": round(mib * 2**20 / per_token / budget, 2),
+                "dist": name,
+                **{
+                    k: s[k]
+                    for k in ("padding_efficiency", "steps", "steps_vs_oracle", "idle_fraction")
+                },
+                "peak_window_mib": round(max(t.peak_window_bytes for t in sim.ranks) / 2**20, 1),
+            }
+        )
+    return {"budget": budget, "bytes_per_token": per_token, "policy": "balanced", "rows": rows}
 
 
 def knob_grid(args) -> dict:
@@ -339,6 +382,14 @@ def main() -> None:
     p.add_argument("--grid-ages", type=int, nargs="+", default=[2, 4, 16])
     p.add_argument("--grid-queues", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--no-grid", action="store_true", help="skip the knob grid")
+    p.add_argument("--bytes-per-token", type=int, default=24576)
+    p.add_argument(
+        "--byte-windows",
+        type=int,
+        nargs="+",
+        default=[256, 1024, 4096],
+        help="window_bytes caps of the byte sweep, in MiB",
+    )
     p.add_argument("--plot", type=Path, default=None, help="PNG of padding eff. vs window")
     args = p.parse_args()
     grid = main_grid(args)
@@ -354,7 +405,16 @@ def main() -> None:
             "defaults": {
                 k: v
                 for k, v in vars(ODBConfig(token_budget=8192)).items()
-                if k in ("window_budgets", "buffer_size", "queue_depth", "age_limit", "join")
+                if k
+                in (
+                    "window_budgets",
+                    "initial_window_budgets",
+                    "window_bytes",
+                    "buffer_size",
+                    "queue_depth",
+                    "age_limit",
+                    "join",
+                )
             },
             "free_slots": "queue_depth (trainer keeps up)",
         },
@@ -366,6 +426,7 @@ def main() -> None:
         "results": grid,
         "target_summary": target_summary(grid),
         "sweeps": sweep,
+        "byte_sweep": byte_sweep(args),
     }
     if not args.no_grid:
         result["knob_grid"] = knob_grid(args)
