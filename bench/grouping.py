@@ -370,6 +370,21 @@ def args_n(sweep: dict) -> int:
     return sweep.get("n", 0)
 
 
+def _reported_defaults() -> dict:
+    """The ODBConfig defaults that shape the grouping, as the JSON records them."""
+    keys = (
+        "window_budgets",
+        "initial_window_budgets",
+        "window_bytes",
+        "buffer_size",
+        "queue_depth",
+        "age_limit",
+        "join",
+    )
+    config = ODBConfig(token_budget=8192)
+    return {k: getattr(config, k) for k in keys}
+
+
 def main() -> None:
     p = _io.parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=4000)
@@ -402,20 +417,7 @@ def main() -> None:
             "n": args.n,
             "seed": args.seed,
             "cutoff": CUTOFF,
-            "defaults": {
-                k: v
-                for k, v in vars(ODBConfig(token_budget=8192)).items()
-                if k
-                in (
-                    "window_budgets",
-                    "initial_window_budgets",
-                    "window_bytes",
-                    "buffer_size",
-                    "queue_depth",
-                    "age_limit",
-                    "join",
-                )
-            },
+            "defaults": _reported_defaults(),
             "free_slots": "queue_depth (trainer keeps up)",
         },
         "targets": {

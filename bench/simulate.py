@@ -138,15 +138,20 @@ def simulate(
             trace.record(outcome)
     else:
         raise RuntimeError(f"no end of epoch after {max_rounds} rounds (livelock?)")
+    _finish(traces, world)
+    result = SimResult(config, traces, len(targets), tail_rounds, targets)
+    if check:
+        _check(result, lengths, views)
+    return result
+
+
+def _finish(traces: Sequence[RankTrace], world: LockstepWorld) -> None:
+    """Copy each rank's end-of-epoch counters into its trace."""
     for trace, rank in zip(traces, world.ranks, strict=True):
         trace.recirculated = rank.rounds.recirculated
         trace.paced_rounds = rank.rounds.paced_rounds
         trace.max_age = rank.max_age
         trace.peak_window_bytes = rank.rounds.buffer.peak_nbytes
-    result = SimResult(config, traces, len(targets), tail_rounds, targets)
-    if check:
-        _check(result, lengths, views)
-    return result
 
 
 def _reader(
