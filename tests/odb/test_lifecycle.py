@@ -106,3 +106,20 @@ def test_exit_with_live_iterator_does_not_hang() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "left with a live iterator" in proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_collate_process_killed_between_epochs_is_replaced_with_a_warning() -> None:
+    loader = odb.ODBLoader(LengthDataset([(i % 13) + 1 for i in range(60)]), token_budget=32)
+    assert sum(odb.pop_step_info(b).local_samples for b in loader) == 60
+    (idle,) = _live_children()
+    idle.kill()  # the OOM killer, while no epoch runs
+    deadline = time.monotonic() + 10  # a zombie until multiprocessing reaps it (not us)
+    while idle.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    loader.set_epoch(1)
+    with pytest.warns(RuntimeWarning, match=r"exited between epochs \(exit code -9\)"):
+        assert sum(odb.pop_step_info(b).local_samples for b in loader) == 60
+    (fresh,) = _live_children()
+    assert fresh.pid != idle.pid
+    del loader
+    assert _children_settle() == []
