@@ -80,6 +80,7 @@ class CellSpec:
     cutoff_len: int
     seed: int
     progress_s: float
+    odb_options: tuple[tuple[str, Any], ...] = ()
 
 
 def proxy_source(root: Path, name: str) -> str:
@@ -181,6 +182,7 @@ def _build_loader(spec: CellSpec, dataset: Any, rank: int, world: int) -> tuple[
             num_workers=spec.workers,
             collate_fn=collate_fn,
             seed=spec.seed,
+            **dict(spec.odb_options),
         )
         return loader, loader
     sampler = DistributedSampler(
@@ -400,6 +402,25 @@ def _check_args(args: Any, parser: Any) -> None:
         )
 
 
+def _odb_options(pairs: list[str], parser: Any) -> tuple[tuple[str, Any], ...]:
+    """``KEY=VALUE`` pairs as ODBConfig options, checked against its fields now."""
+    import yaml
+
+    import odb
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            parser.error(f"--odb takes KEY=VALUE pairs, got {pair!r}")
+        options[key] = yaml.safe_load(value)
+    try:
+        odb.ODBConfig.from_options(8192, None, options)
+    except (TypeError, ValueError) as exc:
+        parser.error(f"--odb: {exc}")
+    return tuple(options.items())
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = _io.parser(__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=300, help="samples per epoch (all ranks)")
@@ -421,7 +442,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--mem-interval-ms", type=float, default=50.0)
     p.add_argument("--progress-s", type=float, default=10.0, help="rank progress interval")
     p.add_argument("--timeout", type=float, default=1800.0, help="hard limit per cell, s")
+    p.add_argument(
+        "--odb",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ODBConfig options for odb (values read as YAML), e.g. collate_mode=thread",
+    )
     args = p.parse_args(argv)
+    odb_options = _odb_options(args.odb, p)
     _check_args(args, p)
 
     results: dict[str, Any] = {}
@@ -444,6 +473,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     cutoff_len=args.cutoff_len,
                     seed=args.seed,
                     progress_s=args.progress_s,
+                    odb_options=odb_options,
                 )
                 settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
                 _io.progress(f"{proxy} W={world} {name}: starting {world} rank(s)")
@@ -472,7 +502,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cutoff_len": args.cutoff_len,
             "processor": str(args.processor),
             "proxies": settings,
-            "odb": "ODBLoader defaults otherwise (process collate, window_budgets=64)",
+            "odb": {
+                "options": dict(odb_options),
+                "otherwise": "ODBLoader defaults",
+            },
             "plain": "DataLoader(batch_size=1, DistributedSampler(shuffle=True))",
             "collate": "experiments.data.pipeline.collate (pad id of the tokenizer)",
             "consumer": "no-op (counts samples and tokens)",
