@@ -378,7 +378,7 @@ class PlannedLoader:
         group = odb.AlignmentGroup(
             self._rendezvous, f"baselines/{self.method}/iter{self._iterations}/"
         )
-        windows = odb.WindowNormalizer(self.config.grad_accum_steps, len(plan))
+        windows = odb.AccumulationNormalizer(self.config.grad_accum_steps, len(plan))
         metrics = odb.StepMetrics()
         wait_s = exchange_s = 0.0
         last_step = len(plan[0]) - 1
@@ -427,7 +427,7 @@ class PlannedLoader:
     def _exchange(
         self,
         group: odb.AlignmentGroup,
-        windows: odb.WindowNormalizer,
+        windows: odb.AccumulationNormalizer,
         pending: list[tuple[Any, StepMeta, int]],
     ) -> list[tuple[Any, int]]:
         """Sum a window's per-step counts over the ranks; attach each step's info.
@@ -460,7 +460,7 @@ class PlannedLoader:
             global_samples=global_samples,
             local_loss_tokens=meta.loss_tokens,
             global_loss_tokens=global_tokens,
-            window_loss_tokens=window_tokens,
+            accumulation_loss_tokens=window_tokens,
             loss_normalizer=normalizer,
             world_size=world,
             rank=self.rank,

@@ -5,7 +5,7 @@ framework lazily.
 
 Besides the loader, odb exports the base other loaders build on (the baselines in
 ``baselines/`` do): the shared config fields (:class:`LoaderConfig`), the step-info
-rules (:func:`finish_batch`, :class:`WindowNormalizer`), the metrics with one
+rules (:func:`finish_batch`, :class:`AccumulationNormalizer`), the metrics with one
 definition of each figure (:class:`StepMetrics`), the private count group
 (:func:`open_rendezvous`, :class:`AlignmentGroup`), the resume state
 (:class:`LoaderState`), the grouper (:func:`form_groups`) and the argument checks.
@@ -32,7 +32,7 @@ from odb.config import LoaderConfig, ODBConfig
 from odb.engine import PeerFailedError
 from odb.grouping import Item, form_groups
 from odb.loader import ODBLoader, wrap
-from odb.loss import WindowNormalizer, count_loss_tokens
+from odb.loss import AccumulationNormalizer, count_loss_tokens
 from odb.metrics import StepMetrics
 from odb.resume import LoaderState
 from odb.step_info import STEP_INFO_KEY, StepInfo, finish_batch, pop_step_info
@@ -53,7 +53,7 @@ __all__ = [
     "StepInfo",
     "StepMetrics",
     "TokenBudget",
-    "WindowNormalizer",
+    "AccumulationNormalizer",
     "check_callables",
     "check_epoch",
     "check_int",

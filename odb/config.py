@@ -230,8 +230,9 @@ class ODBConfig(LoaderConfig):
             samples at ShareGPT4o's pixel budget (up to ~200 MB each), where a 64-budget
             window of 8192-token samples would hold several GB per rank.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
-        queue_depth: Aligned steps that may wait for the trainer, and the most steps one
-            alignment round may emit.
+        queue_depth: Aligned steps that may wait for the trainer (the output queue).
+        max_round_steps: The most steps one alignment round may emit (``T <= this``);
+            None: ``queue_depth``. At most ``queue_depth``.
         age_limit: Rounds after which a waiting sample is emitted before fuller groups.
         oversize: What a sample longer than the budget does: ``"singleton"`` (own group,
             counted in the metrics) or ``"error"`` (raise).
@@ -271,6 +272,7 @@ class ODBConfig(LoaderConfig):
     window_bytes: int = 2**30
     buffer_size: int = 4096
     queue_depth: int = 8
+    max_round_steps: int | None = None
     age_limit: int = 16
     oversize: OversizeRule = "singleton"
     collate_mode: CollateMode = "process"
@@ -304,7 +306,20 @@ class ODBConfig(LoaderConfig):
         check_int("window_bytes", self.window_bytes, 1)
         check_int("buffer_size", self.buffer_size, 1)
         check_int("queue_depth", self.queue_depth, 1)
+        if self.max_round_steps is not None:
+            check_int("max_round_steps", self.max_round_steps, 1)
+            if self.max_round_steps > self.queue_depth:
+                raise ValueError(
+                    f"max_round_steps={self.max_round_steps} exceeds queue_depth="
+                    f"{self.queue_depth}: a round's steps must fit the output queue; raise "
+                    "queue_depth or lower max_round_steps"
+                )
         check_int("age_limit", self.age_limit, 1)
+
+    @property
+    def round_step_cap(self) -> int:
+        """The most steps one round may emit: ``max_round_steps`` or ``queue_depth``."""
+        return self.queue_depth if self.max_round_steps is None else self.max_round_steps
 
     @property
     def budget(self) -> TokenBudget:

@@ -14,7 +14,7 @@ without the transport):
    and this rank's ``T`` steps: real groups, split groups or IDLE steps;
 4. collate them, sum the per-step counts over the ranks (one all-reduce of a
    :class:`odb.lockstep.RoundCounts`), and release steps whose gradient-accumulation
-   window is complete (:class:`odb.loss.WindowNormalizer`).
+   window is complete (:class:`odb.loss.AccumulationNormalizer`).
 
 The epoch ends in the same round on every rank; in non-join mode it leaves a carry for
 the next epoch (:func:`deal_carry`). Errors name the sample index that caused them;
@@ -32,7 +32,7 @@ from odb.alignment import RankStatus
 from odb.comm import AlignmentGroup
 from odb.config import ODBConfig
 from odb.lockstep import LockstepRank, PeerFailedError, RoundCounts
-from odb.loss import WindowNormalizer
+from odb.loss import AccumulationNormalizer
 from odb.metrics import EpochMetrics
 from odb.rounds import RankRounds, RoundOutcome
 from odb.sharding import check_meet
@@ -107,7 +107,7 @@ def run_epoch(
         rounds.add(*reader.measure(index, sample))
     rank = LockstepRank(rounds, reader, job.rank)
     builder = StepBuilder(job, collate_fn, reader, metrics)
-    windows = WindowNormalizer(cfg.grad_accum_steps, job.world_size)
+    windows = AccumulationNormalizer(cfg.grad_accum_steps, job.world_size)
     while (outcome := _align(rank, group, free_slots, metrics)) is not None:
         steps = builder.build(outcome)
         totals = _sum_counts(group, steps, rounds, metrics)
@@ -181,7 +181,7 @@ def _sum_counts(
 
 
 def _release(
-    steps: list[Step], totals: RoundCounts, epoch_samples: int, windows: WindowNormalizer
+    steps: list[Step], totals: RoundCounts, epoch_samples: int, windows: AccumulationNormalizer
 ) -> Iterator[MutableMapping[str, Any]]:
     """The round's batches with their global counts, as their windows complete."""
     for step, total in zip(steps, totals.steps, strict=True):

@@ -1,11 +1,12 @@
-"""Token-level loss accounting: loss-token counts and the window loss normalizer.
+"""Token-level loss accounting: loss-token counts and the accumulation-window normalizer.
 
 The exact-gradient rule (``docs/protocol.md``): with ``W`` ranks averaging gradients,
 rank ``r`` minimising ``sum(token losses of r) / (T_window / W)`` makes the averaged
 gradient equal to the gradient of ``sum(all token losses) / T_window``, the global
-per-token mean over the accumulation window. ``T_window`` is known only once every
-step of the window is aligned, so :class:`WindowNormalizer` holds steps back until
-their window is complete. Pure apart from reading a label tensor.
+per-token mean over the gradient-accumulation window (not the grouping window of
+:mod:`odb.buffer`). ``T_window`` is known only once every step of the window is aligned,
+so :class:`AccumulationNormalizer` holds steps back until their window is complete.
+Pure apart from reading a label tensor.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def count_loss_tokens(
 
 
 @dataclass
-class WindowNormalizer:
+class AccumulationNormalizer:
     """Releases steps once the global loss tokens of their window are known.
 
     Steps are pushed in order with their global loss tokens. A step of window

@@ -134,7 +134,9 @@ class RankRounds:
         return RoundOutcome(plan, steps, self.buffer.take(steps.groups))
 
     def _max_steps(self, statuses: Sequence[RankStatus]) -> int:
-        """The most steps of this round: one while the window still grows, else ``Q``.
+        """The most steps of this round: one while the window still grows, else the cap.
+
+        The cap is ``ODBConfig.round_step_cap`` (``max_round_steps``, default ``Q``).
 
         A ramp round's window is smaller than the full one, so its groups are coarser;
         emitting one step per round keeps that to ``log2(K / K0)`` steps an epoch while
@@ -145,7 +147,7 @@ class RankRounds:
         growing = window_budgets_in_round(self.config, self.rounds) < self.config.window_budgets
         if growing and not all(s.read_done for s in statuses):
             return 1
-        return self.config.queue_depth
+        return self.config.round_step_cap
 
     def _paced_groups(self, plan: RoundPlan) -> tuple[list[Group], list[Group]]:
         """``(ready, waiting)`` to take this round's ``T`` steps from.

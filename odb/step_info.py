@@ -35,9 +35,9 @@ class StepInfo:
         local_loss_tokens: Labels that carry loss in this rank's batch (after the
             causal shift when configured).
         global_loss_tokens: The same, summed over all ranks.
-        window_loss_tokens: Global loss tokens of the whole gradient-accumulation
+        accumulation_loss_tokens: Global loss tokens of the whole gradient-accumulation
             window this step belongs to.
-        loss_normalizer: ``max(window_loss_tokens, 1) / world_size``. Summing the
+        loss_normalizer: ``max(accumulation_loss_tokens, 1) / world_size``. Summing the
             token losses of the batch and dividing by this gives, after DDP's gradient
             averaging over ``world_size`` ranks, the gradient of the global per-token
             mean loss of the window. Pass it to HF models as ``num_items_in_batch``.
@@ -61,7 +61,7 @@ class StepInfo:
     global_samples: int
     local_loss_tokens: int
     global_loss_tokens: int
-    window_loss_tokens: int
+    accumulation_loss_tokens: int
     loss_normalizer: float
     world_size: int
     rank: int
@@ -69,6 +69,11 @@ class StepInfo:
     epoch_read_samples: int = 0
     epoch_read_tokens: int = 0
     epoch_samples: int = 0
+
+    @property
+    def window_loss_tokens(self) -> int:
+        """Deprecated name of :attr:`accumulation_loss_tokens` (kept for old callers)."""
+        return self.accumulation_loss_tokens
 
 
 def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:

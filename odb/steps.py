@@ -203,7 +203,7 @@ class StepBuilder:
             global_samples=0,
             local_loss_tokens=tokens,
             global_loss_tokens=0,
-            window_loss_tokens=0,
+            accumulation_loss_tokens=0,
             loss_normalizer=1.0,
             world_size=self.job.world_size,
             rank=self.job.rank,
@@ -246,6 +246,6 @@ def attach_step_info(
     """Put the finished step info (its window's counts and normalizer) into the batch."""
     batch, info = item
     batch[STEP_INFO_KEY] = replace(
-        info, window_loss_tokens=window_tokens, loss_normalizer=normalizer
+        info, accumulation_loss_tokens=window_tokens, loss_normalizer=normalizer
     )
     return batch

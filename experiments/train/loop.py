@@ -172,7 +172,7 @@ class TrainLoop:
         self.engine.optimizer_step()
         self.c.optimizer_steps += 1
         self._pending.append((self.c.optimizer_steps, loss_sum,
-                              max(window.infos[0].window_loss_tokens, 1), lr))
+                              max(window.infos[0].accumulation_loss_tokens, 1), lr))
         if self.bar is not None:
             self.bar.update(1)
         if self.c.optimizer_steps % self.log_every == 0:

@@ -58,7 +58,7 @@ class Window:
     @property
     def loss_tokens(self) -> int:
         """Global loss tokens of the window (all ranks, all micro-steps)."""
-        return self.infos[0].window_loss_tokens
+        return self.infos[0].accumulation_loss_tokens
 
     @property
     def idle_steps(self) -> int:

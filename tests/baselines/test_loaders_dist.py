@@ -54,7 +54,7 @@ def _run(method: str, augment: bool) -> list[dict[str, Any]]:
                     "cost": batch["input_ids"].numel(),  # n * max padded, or a packed row's L
                     "local": (info.local_samples, info.local_loss_tokens),
                     "global": (info.global_samples, info.global_loss_tokens),
-                    "window": (info.window_loss_tokens, info.loss_normalizer),
+                    "window": (info.accumulation_loss_tokens, info.loss_normalizer),
                 }
             )
         epochs.append({"steps": steps, "stats": loader.stats(), "progress": loader.progress()})

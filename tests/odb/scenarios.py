@@ -185,7 +185,7 @@ def run_scenario(scenario: Scenario) -> list[dict[str, Any]]:
                     shape=tuple(batch["input_ids"].shape),
                     local_tokens=info.local_loss_tokens,
                     global_tokens=info.global_loss_tokens,
-                    window_tokens=info.window_loss_tokens,
+                    window_tokens=info.accumulation_loss_tokens,
                     normalizer=info.loss_normalizer,
                     local_samples=info.local_samples,
                     global_samples=info.global_samples,

@@ -60,6 +60,8 @@ BAD = [
     (dict(buffer_size=0), ValueError, ["buffer_size", "0"]),
     (dict(buffer_size=-3), ValueError, ["buffer_size", "-3"]),
     (dict(queue_depth=0), ValueError, ["queue_depth", "0"]),
+    (dict(max_round_steps=0), ValueError, ["max_round_steps", "0"]),
+    (dict(queue_depth=4, max_round_steps=5), ValueError, ["max_round_steps=5", "queue_depth=4"]),
     (dict(age_limit=0), ValueError, ["age_limit", "0"]),
     (dict(age_limit=None), TypeError, ["age_limit", "None"]),
     (dict(ignore_index=-(2**63)), ValueError, ["ignore_index", str(-(2**63))]),
@@ -113,6 +115,11 @@ def test_defaults_and_derived_values():
     assert cfg.window_tokens == cfg.window_budgets * 8192
     # The window starts at 4 budgets and doubles per round; at most 1 GiB of tensors.
     assert (cfg.initial_window_budgets, cfg.window_bytes) == (4, 2**30)
+
+
+def test_the_round_step_cap_defaults_to_the_queue_depth():
+    assert ODBConfig(token_budget=64, queue_depth=6).round_step_cap == 6
+    assert ODBConfig(token_budget=64, queue_depth=6, max_round_steps=2).round_step_cap == 2
 
 
 def test_valid_edge_values_are_accepted():

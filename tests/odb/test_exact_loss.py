@@ -157,7 +157,7 @@ def _train_window(ddp: DistributedDataParallel, window: list[tuple[dict, odb.Ste
             scaled.backward()
         records.append(dict(ids=list(info.sample_ids), idle=info.idle, step=info.step,
                             normalizer=info.loss_normalizer,
-                            window_tokens=info.window_loss_tokens,
+                            window_tokens=info.accumulation_loss_tokens,
                             global_tokens=info.global_loss_tokens,
                             local_tokens=info.local_loss_tokens))
     grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))

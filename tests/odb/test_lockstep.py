@@ -220,3 +220,16 @@ def test_the_engine_and_the_simulator_run_the_same_rounds(seed, policy):
     )
     sim = simulate(lengths, cfg, views=[list(range(len(lengths)))])
     assert _engine_steps(lengths, cfg) == [tuple(ids) for ids in sim.ranks[0].ids]
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_max_round_steps_caps_every_round_below_the_queue_depth(cap: int) -> None:
+    lengths = [(i * 37) % 500 + 1 for i in range(400)]
+    free = simulate(lengths, ODBConfig(token_budget=1024, queue_depth=8), world_size=2)
+    capped = simulate(
+        lengths, ODBConfig(token_budget=1024, queue_depth=8, max_round_steps=cap), world_size=2
+    )
+    assert max(free.targets) > cap  # the cap binds in this epoch
+    assert max(capped.targets) <= cap
+    emitted = sorted(i for r in capped.ranks for step in r.ids for i in step)
+    assert emitted == list(range(len(lengths)))  # nothing lost under the cap

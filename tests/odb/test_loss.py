@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odb.loss import WindowNormalizer, count_loss_tokens
+from odb.loss import AccumulationNormalizer, count_loss_tokens
 
 EXAMPLES = settings(max_examples=200, deadline=None)
 
@@ -59,11 +59,11 @@ def test_count_loss_tokens_missing_key_names_it():
     assert "input_ids" in str(err.value) and "target" in str(err.value)
 
 
-# ---------------------------------------------------------------- WindowNormalizer
+# ---------------------------------------------------------------- AccumulationNormalizer
 
 
 def test_window_releases_whole_windows_with_one_total():
-    w = WindowNormalizer(window=3, world_size=2)
+    w = AccumulationNormalizer(window=3, world_size=2)
     assert w.push("a", 10) == [] and w.push("b", 0) == [] and w.held == 2
     released = w.push("c", 5)
     assert released == [("a", 15, 7.5), ("b", 15, 7.5), ("c", 15, 7.5)]
@@ -72,7 +72,7 @@ def test_window_releases_whole_windows_with_one_total():
 
 
 def test_window_flush_releases_a_short_last_window():
-    w = WindowNormalizer(window=4, world_size=4)
+    w = AccumulationNormalizer(window=4, world_size=4)
     for item, tokens in [("a", 3), ("b", 5)]:
         assert w.push(item, tokens) == []
     assert w.flush() == [("a", 8, 2.0), ("b", 8, 2.0)]
@@ -80,14 +80,14 @@ def test_window_flush_releases_a_short_last_window():
 
 
 def test_window_of_one_releases_each_step():
-    w = WindowNormalizer(window=1, world_size=3)
+    w = AccumulationNormalizer(window=1, world_size=3)
     assert w.push("a", 6) == [("a", 6, 2.0)]
     assert w.push("b", 0) == [("b", 0, 1 / 3)]
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])
 def test_zero_token_window_gets_one_over_world(world):
-    w = WindowNormalizer(window=2, world_size=world)
+    w = AccumulationNormalizer(window=2, world_size=world)
     w.push("idle", 0)
     released = w.push("idle2", 0)
     assert [n for _, _, n in released] == [1 / world, 1 / world]
@@ -102,7 +102,7 @@ def test_zero_token_window_gets_one_over_world(world):
 @EXAMPLES
 @given(st.integers(1, 5), st.integers(1, 4), st.lists(st.integers(0, 50), max_size=30))
 def test_window_partition_of_a_stream(window, world, tokens):
-    w = WindowNormalizer(window, world)
+    w = AccumulationNormalizer(window, world)
     out = []
     for step, t in enumerate(tokens):
         out += w.push(step, t)
@@ -146,7 +146,7 @@ def test_normalizer_gives_the_global_per_token_mean(case):
     def token_losses(w, s, r):
         return (feats[s][r] @ w - targets[s][r]) ** 2
 
-    norm = WindowNormalizer(window, world)
+    norm = AccumulationNormalizer(window, world)
     normalizers = {}
     for s, row in enumerate(tokens):
         for step, _, n in norm.push(s, sum(row)):

@@ -23,7 +23,7 @@ def info(**overrides) -> StepInfo:
         global_samples=5,
         local_loss_tokens=11,
         global_loss_tokens=30,
-        window_loss_tokens=30,
+        accumulation_loss_tokens=30,
         loss_normalizer=15.0,
         world_size=2,
         rank=1,
@@ -120,3 +120,7 @@ def test_finish_batch_refuses_what_cannot_carry_a_step(batch, exc, fragment):
 
     with pytest.raises(exc, match=fragment):
         odb.finish_batch(batch, LoaderConfig(token_budget=8), idle=False)
+
+
+def test_the_old_name_of_the_accumulation_tokens_still_reads() -> None:
+    assert info(accumulation_loss_tokens=42).window_loss_tokens == 42
