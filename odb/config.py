@@ -225,10 +225,12 @@ class ODBConfig(LoaderConfig):
             read the whole window before the first round.
         window_bytes: Most bytes of sample data (tensors and arrays) the window holds
             before it stops reading, like ``buffer_size`` for samples: the window holds
-            at most this plus one sample, whatever the image sizes. The default, 1 GiB,
-            is about 75 images of 768x768 (Qwen-VL ``pixel_values``, ~14 MB each) or 5
-            samples at ShareGPT4o's pixel budget (up to ~200 MB each), where a 64-budget
-            window of 8192-token samples would hold several GB per rank.
+            at most this plus one sample, whatever the image sizes. The default, 4 GiB,
+            holds about 300 images of 768x768 (Qwen-VL float32 ``pixel_values``, ~14 MB
+            each) or 20 samples at ShareGPT4o's pixel budget (up to ~200 MB each). It
+            was 1 GiB; measured on the real pipeline (``bench/real_pipeline.py``,
+            MM-Mix), 1 GiB cost 0.03 padding efficiency and 4 GiB 0.005
+            (``docs/benchmarks.md``). Lower it on hosts with many ranks and little RAM.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
         queue_depth: Aligned steps that may wait for the trainer (the output queue).
         max_round_steps: The most steps one alignment round may emit (``T <= this``);
@@ -269,7 +271,7 @@ class ODBConfig(LoaderConfig):
     join: bool = True
     window_budgets: int = 64
     initial_window_budgets: int = 4
-    window_bytes: int = 2**30
+    window_bytes: int = 4 * 2**30
     buffer_size: int = 4096
     queue_depth: int = 8
     max_round_steps: int | None = None

@@ -113,8 +113,8 @@ def test_defaults_and_derived_values():
     )
     assert cfg.budget == TokenBudget(8192, "padded", None)
     assert cfg.window_tokens == cfg.window_budgets * 8192
-    # The window starts at 4 budgets and doubles per round; at most 1 GiB of tensors.
-    assert (cfg.initial_window_budgets, cfg.window_bytes) == (4, 2**30)
+    # The window starts at 4 budgets and doubles per round; at most 4 GiB of tensors.
+    assert (cfg.initial_window_budgets, cfg.window_bytes) == (4, 4 * 2**30)
 
 
 def test_the_round_step_cap_defaults_to_the_queue_depth():
