@@ -134,6 +134,28 @@ def run_odb(
     return out
 
 
+def _medians(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Median of every figure per loader, and ODB's ratios to plain with the targets."""
+    med = {
+        name: {
+            k: round(statistics.median(r[k] for r in rs), 4)
+            for k in rs[0]
+            if isinstance(rs[0][k], (int, float))
+        }
+        for name, rs in runs.items()
+    }
+    plain = med["plain"]
+    for name in ("odb_process", "odb_thread"):
+        m = med[name]
+        m["steady_vs_plain"] = round(m["steady_samples_per_s"] / plain["steady_samples_per_s"], 3)
+        m["overall_vs_plain"] = round(
+            m["overall_samples_per_s"] / plain["overall_samples_per_s"], 3
+        )
+        m["pass_steady>=0.95"] = m["steady_vs_plain"] >= TARGET
+        m["pass_overall>=1.0"] = m["overall_vs_plain"] >= TARGET_OVERALL
+    return med
+
+
 def main() -> None:
     p = _io.parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=2000)
@@ -160,23 +182,7 @@ def main() -> None:
                     r = run_odb(ds, args.workers, args.seed, mode, args.budget, args.epochs)
                 assert r["samples"] == args.n * args.epochs, (name, r["samples"])
                 runs[name].append(r)
-        med = {
-            name: {
-                k: round(statistics.median(r[k] for r in rs), 4)
-                for k in rs[0]
-                if isinstance(rs[0][k], (int, float))
-            }
-            for name, rs in runs.items()
-        }
-        base = med["plain"]["steady_samples_per_s"]
-        for name in ("odb_process", "odb_thread"):
-            med[name]["steady_vs_plain"] = round(med[name]["steady_samples_per_s"] / base, 3)
-            med[name]["overall_vs_plain"] = round(
-                med[name]["overall_samples_per_s"] / med["plain"]["overall_samples_per_s"], 3
-            )
-            med[name]["pass_steady>=0.95"] = med[name]["steady_vs_plain"] >= TARGET
-            med[name]["pass_overall>=1.0"] = med[name]["overall_vs_plain"] >= TARGET_OVERALL
-        results[work] = {"median": med, "runs": runs}
+        results[work] = {"median": _medians(runs), "runs": runs}
     _io.emit(
         {
             "benchmark": "loader_overhead",

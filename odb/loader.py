@@ -1,8 +1,9 @@
 """``ODBLoader``: online dynamic batching over a map-style dataset, DDP-aligned.
 
 The loader is what a training loop iterates. Each ``iter()`` is one epoch: it deals the
-seeded epoch order into per-rank views, starts this rank's collate side (process or
-thread, :mod:`odb.runner`) and yields its aligned batches, each carrying a
+seeded epoch order into per-rank views, sends this rank's view to its collate side
+(process or thread, :mod:`odb.runner`; one collate process serves all the loader's
+epochs) and yields its aligned batches, each carrying a
 :class:`~odb.step_info.StepInfo`. Every rank yields the same number of batches per
 epoch. Construction is collective when ``torch.distributed`` is initialised: every
 rank must build its loaders in the same order.

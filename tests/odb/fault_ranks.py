@@ -229,7 +229,7 @@ def victim_children_gone(stamp_dir: str, timeout_s: float = 20.0) -> float | Non
 
 
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return psutil.Process().num_fds()
 
 
 def fd_targets() -> list[str]:

@@ -121,8 +121,9 @@ def no_leaked_children() -> Iterator[None]:
     _assert_no_children_left(before)
 
 
-def _raises_on_iter(loader: odb.ODBLoader, exc_type: type[BaseException],
-                    *fragments: str) -> pytest.ExceptionInfo:
+def _raises_on_iter(
+    loader: odb.ODBLoader, exc_type: type[BaseException], *fragments: str
+) -> pytest.ExceptionInfo:
     with pytest.raises(exc_type) as info:
         _drain(loader)
     message = str(info.value)
@@ -161,8 +162,7 @@ def test_unpicklable_dataset_process_mode(no_leaked_children: None) -> None:
     message = str(info.value)
     assert "pickle" in message and "collate_mode='thread'" in message, message
     # The suggested fix works.
-    assert _drain(odb.ODBLoader(LambdaDataset(ok()), token_budget=64,
-                                collate_mode="thread")) > 0
+    assert _drain(odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_mode="thread")) > 0
 
 
 # --- bad samples, collate functions and workers (both collate modes) ------------------
@@ -208,8 +208,9 @@ def test_collate_fn_returning_list(mode: str, no_leaked_children: None) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_collate_fn_exception_reraised(mode: str, no_leaked_children: None) -> None:
-    loader = odb.ODBLoader(SpecDataset(ok()), collate_fn=raising_collate,
-                           **_options(mode, num_workers=0))
+    loader = odb.ODBLoader(
+        SpecDataset(ok()), collate_fn=raising_collate, **_options(mode, num_workers=0)
+    )
     info = _raises_on_iter(loader, CollateBoom, "collate exploded", "marker 4242")
     assert type(info.value) is CollateBoom
     assert "raising_collate" in str(info.value.__cause__), "remote traceback not attached"
@@ -224,8 +225,9 @@ def _worker_error_loader(mode: str) -> odb.ODBLoader:
 @pytest.mark.parametrize("mode", MODES)
 def test_dataset_exception_in_worker_reraised(mode: str) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    info = _raises_on_iter(_worker_error_loader(mode), DatasetBoom,
-                           "dataset item exploded (marker 5151)")
+    info = _raises_on_iter(
+        _worker_error_loader(mode), DatasetBoom, "dataset item exploded (marker 5151)"
+    )
     assert type(info.value) is DatasetBoom
     if mode == "process":
         _assert_no_children_left(before)
@@ -250,4 +252,3 @@ def test_batch_without_labels(mode: str, no_leaked_children: None) -> None:
     specs = [("nolabels", 4 + i) for i in range(5)]
     loader = odb.ODBLoader(SpecDataset(specs), **_options(mode))
     _raises_on_iter(loader, ValueError, "'labels'", "label_key")
-

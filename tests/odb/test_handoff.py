@@ -116,4 +116,3 @@ def test_waiting_for_a_slot_ends_when_stopped_or_the_trainer_is_gone() -> None:
     assert writer.encode(("step", {"x": torch.zeros(1)}), stop) is None
     reader.close()
     assert writer.encode(("step", {"x": torch.zeros(1)}), threading.Event()) is None
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import textwrap
@@ -113,8 +114,11 @@ def test_a_collate_process_killed_between_epochs_is_replaced_with_a_warning() ->
     assert sum(odb.pop_step_info(b).local_samples for b in loader) == 60
     (idle,) = _live_children()
     idle.kill()  # the OOM killer, while no epoch runs
-    deadline = time.monotonic() + 10  # a zombie until multiprocessing reaps it (not us)
-    while idle.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    # Until every thread of it has exited, the kernel does not report it as ended (its
+    # main thread shows as a zombie before that); multiprocessing reaps it then.
+    deadline = time.monotonic() + 10
+    while idle.pid in {p.pid for p in multiprocessing.active_children()}:
+        assert time.monotonic() < deadline, "the killed collate process did not end"
         time.sleep(0.05)
     loader.set_epoch(1)
     with pytest.warns(RuntimeWarning, match=r"exited between epochs \(exit code -9\)"):
