@@ -13,7 +13,9 @@ iterating it with one of
   collate_fn=collate, seed=--seed)`` with every other setting at its default;
 
 where ``collate`` is the project's own (``experiments.data.pipeline.collate`` with the
-tokenizer's pad id). The consumer does no work: it counts samples and tokens.
+tokenizer's pad id). The consumer counts samples and tokens, and with
+``--consumer-us-per-token`` also holds the GIL in pure Python per real token (a busy
+trainer's worst case for a collate thread).
 
 Reported per cell (each rank measures its own; the cell sums or takes the slowest):
 
@@ -81,6 +83,7 @@ class CellSpec:
     seed: int
     progress_s: float
     odb_options: tuple[tuple[str, Any], ...] = ()
+    consumer_us_per_token: float = 0.0
 
 
 def proxy_source(root: Path, name: str) -> str:
@@ -220,8 +223,10 @@ def _run_epoch(spec: CellSpec, loader: Any, label: str) -> dict[str, Any]:
             idle += 1
         else:
             mask = batch["attention_mask"]
-            real += int(mask.sum())
+            tokens = int(mask.sum())
+            real += tokens
             padded += mask.numel()
+            _busy(tokens * spec.consumer_us_per_token * 1e-6)
         del batch
         if now >= next_report:
             _rank_progress(label, samples, steps, now - started, first_s)
@@ -237,6 +242,17 @@ def _run_epoch(spec: CellSpec, loader: Any, label: str) -> dict[str, Any]:
         "real_tokens": real,
         "padded_tokens": padded,
     }
+
+
+def _busy(seconds: float) -> None:
+    """Hold the GIL in pure Python for ``seconds``: a stand-in for a trainer's own work.
+
+    Not a model of GPU training (a CUDA step mostly waits with the GIL released): the
+    worst case for a collate thread that shares the trainer's interpreter.
+    """
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _rank_progress(label: str, samples: int, steps: int, elapsed: float, first: float | None):
@@ -449,6 +465,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="KEY=VALUE",
         help="ODBConfig options for odb (values read as YAML), e.g. collate_mode=thread",
     )
+    p.add_argument(
+        "--consumer-us-per-token",
+        type=float,
+        default=0.0,
+        help="the consumer busies the GIL this long per real token of each batch "
+        "(pure Python; 0: a consumer that does nothing)",
+    )
     args = p.parse_args(argv)
     odb_options = _odb_options(args.odb, p)
     _check_args(args, p)
@@ -474,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     seed=args.seed,
                     progress_s=args.progress_s,
                     odb_options=odb_options,
+                    consumer_us_per_token=args.consumer_us_per_token,
                 )
                 settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
                 _io.progress(f"{proxy} W={world} {name}: starting {world} rank(s)")
@@ -508,7 +532,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             },
             "plain": "DataLoader(batch_size=1, DistributedSampler(shuffle=True))",
             "collate": "experiments.data.pipeline.collate (pad id of the tokenizer)",
-            "consumer": "no-op (counts samples and tokens)",
+            "consumer": "counts samples and tokens; busy pure-Python "
+            f"{args.consumer_us_per_token} us per real token",
             "ranks": "spawned, Gloo over TCP on 127.0.0.1 (tests.dist.run_ranks)",
         },
         "table_markdown": text,
