@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
+from odb.checks import check_callables, check_epoch
 from odb.collate import PadCollate
 from odb.comm import open_rendezvous
 from odb.config import ODBConfig
@@ -76,10 +77,10 @@ class ODBLoader:
         config: ODBConfig | None = None,
         **options: Any,
     ) -> None:
-        self.config = _resolve_config(token_budget, config, options)
+        self.config = ODBConfig.from_options(token_budget, config, options)
         _check_dataset(dataset)
         _check_sampler(sampler, dataset)
-        _check_callables(
+        check_callables(
             collate_fn=collate_fn,
             length_fn=length_fn,
             patches_fn=patches_fn,
@@ -125,9 +126,7 @@ class ODBLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose seeded order the next ``iter()`` uses (call on every rank)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._ledger.set_epoch(epoch)
+        self._ledger.set_epoch(check_epoch(epoch))
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
@@ -308,28 +307,6 @@ class ODBLoader:
         )
 
 
-def _resolve_config(
-    token_budget: int | None, config: ODBConfig | None, options: dict[str, Any]
-) -> ODBConfig:
-    if config is not None:
-        if token_budget is not None or options:
-            raise ValueError("give either config=ODBConfig(...) or token_budget/options, not both")
-        if not isinstance(config, ODBConfig):
-            raise TypeError(f"config must be an ODBConfig, got {type(config).__name__}")
-        return config
-    if token_budget is None:
-        raise ValueError(
-            "token_budget is required (the most tokens one group may cost), "
-            "e.g. ODBLoader(dataset, token_budget=8192)"
-        )
-    try:
-        return ODBConfig(token_budget=token_budget, **options)
-    except TypeError as exc:
-        if "unexpected keyword" in str(exc):
-            raise TypeError(f"{exc}; valid options are the fields of odb.ODBConfig") from None
-        raise
-
-
 def _check_dataset(dataset: Any) -> None:
     if isinstance(dataset, IterableDataset):
         return
@@ -352,12 +329,6 @@ def _check_sampler(sampler: Any, dataset: Any) -> None:
             f"sampler must be a torch Sampler or an iterable of indices, got "
             f"{type(sampler).__name__}"
         )
-
-
-def _check_callables(**fns: Any) -> None:
-    for name, fn in fns.items():
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
 
 
 def _pin_batches(config: ODBConfig) -> bool:

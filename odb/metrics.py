@@ -122,16 +122,6 @@ class EpochMetrics(StepMetrics):
             self.tail_start_buffered = max(s.buffered for s in statuses)
         self.tail_rounds += 1
 
-    def record_group(self, lengths: list[int], fill: float) -> None:
-        """Count one real step of a padded batch (``max_len * n``), oversize counted apart.
-
-        The engine's entry today: it counts oversize samples when it reads them. Under
-        the padded cost model this is :meth:`record_step` without the oversize count;
-        moving the engine to :meth:`record_step` makes ``cost_model="packed"`` price
-        ``padded_tokens`` as packed too.
-        """
-        self._count(len(lengths), sum(lengths), max(lengths) * len(lengths), fill)
-
     def summary(self) -> dict[str, float | int]:
         out = super().summary()
         out["mean_round_ms"] = 1000 * self.align_seconds / self.rounds if self.rounds else 0.0

@@ -15,15 +15,12 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-
-from odb.budget import GroupMeasure, TokenBudget
+from odb.budget import GroupMeasure
 from odb.config import ODBConfig
 from odb.lockstep import Reading, StepCounts
-from odb.loss import count_loss_tokens
 from odb.metrics import EpochMetrics
 from odb.rounds import RoundOutcome
-from odb.step_info import STEP_INFO_KEY, StepInfo
+from odb.step_info import STEP_INFO_KEY, StepInfo, finish_batch
 
 if TYPE_CHECKING:
     from odb.engine import EpochJob
@@ -138,8 +135,6 @@ class SampleReader:
         length, patches = self.meter(index, sample)
         if self.template is None:
             self.template = sample
-        if self.config.budget.is_oversize(length, patches):
-            self.metrics.oversize += 1
         return Reading(length, patches, (index, sample, length), sample_nbytes(sample))
 
     def idle_sample(self) -> Any:
@@ -177,22 +172,22 @@ class StepBuilder:
     def build(self, outcome: RoundOutcome) -> list[Step]:
         """This rank's ``T`` steps of the round, real steps first."""
         out = []
+        budget = self.job.config.budget
         for payloads in outcome.payloads:
             lengths = [length for _, _, length in payloads]
-            self.metrics.record_group(lengths, _group_fill(self.job.config.budget, lengths))
-            batch = self._collate([sample for _, sample, _ in payloads])
+            self.metrics.record_step(budget, _measure(lengths))
+            batch = self.collate_fn([sample for _, sample, _ in payloads])
             ids = tuple(index for index, _, _ in payloads)
             out.append(self._step(batch, ids, sum(lengths)))
         for _ in range(outcome.steps.idle):
-            self.metrics.steps += 1
-            self.metrics.idle_steps += 1
-            out.append(self._step(self._idle_batch(), (), 0))
+            self.metrics.record_idle()
+            out.append(self._step(self.collate_fn([self.reader.idle_sample()]), (), 0))
         self.round += 1
         return out
 
-    def _step(self, batch: MutableMapping[str, Any], ids: tuple[int, ...], real: int) -> Step:
-        cfg = self.job.config
-        tokens = count_loss_tokens(batch, cfg.label_key, cfg.ignore_index, cfg.shift_labels)
+    def _step(self, batch: Any, ids: tuple[int, ...], real: int) -> Step:
+        """Check the batch (an IDLE one masked) and give it its partial step info."""
+        tokens = finish_batch(batch, self.job.config, idle=not ids)
         info = StepInfo(
             epoch=self.job.epoch,
             step=self.step,
@@ -211,33 +206,12 @@ class StepBuilder:
         self.step += 1
         return Step(batch, info, StepCounts(len(ids), tokens, real))
 
-    def _collate(self, samples: list[Any]) -> MutableMapping[str, Any]:
-        batch = self.collate_fn(samples)
-        if not isinstance(batch, MutableMapping):
-            raise TypeError(
-                f"collate_fn returned a {type(batch).__name__}; ODB needs a dict "
-                "batch so it can attach and pop the step info"
-            )
-        return batch
 
-    def _idle_batch(self) -> MutableMapping[str, Any]:
-        batch = self._collate([self.reader.idle_sample()])
-        cfg = self.job.config
-        labels = batch.get(cfg.label_key)
-        if not isinstance(labels, torch.Tensor):
-            raise ValueError(
-                f"collate_fn output has no tensor {cfg.label_key!r}; IDLE steps mask "
-                "the labels to contribute zero loss. Set label_key"
-            )
-        batch[cfg.label_key] = torch.full_like(labels, cfg.ignore_index)
-        return batch
-
-
-def _group_fill(budget: TokenBudget, lengths: list[int]) -> float:
+def _measure(lengths: list[int]) -> GroupMeasure:
     measure = GroupMeasure()
     for length in lengths:
         measure = measure.plus(length)
-    return budget.fill(measure)
+    return measure
 
 
 def attach_step_info(

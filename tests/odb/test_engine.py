@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from odb.collate import PadCollate
@@ -94,3 +95,16 @@ def test_one_sample_over_window_bytes_is_still_read() -> None:
     stats, _ = _epoch(cfg, [40] * 5, pixels=1000)
     assert stats["peak_window_bytes"] == 4000 + 16 * 40  # one sample: image, ids, labels
     assert (stats["samples"], stats["steps"]) == (5, 5)
+
+
+@pytest.mark.parametrize("cost_model", ["padded", "packed"])
+def test_the_engine_prices_padded_tokens_with_the_cost_model(cost_model: str) -> None:
+    lengths = [(i * 13) % 40 + 3 for i in range(60)] + [70]  # the last one is oversize
+    cfg = ODBConfig(token_budget=64, cost_model=cost_model, shuffle=False)
+    metrics, _ = _epoch(cfg, lengths)
+    assert metrics["real_tokens"] == sum(lengths) and metrics["samples"] == len(lengths)
+    assert metrics["oversize"] == 1 and metrics["budget_violations"] == 0
+    if cost_model == "packed":
+        assert metrics["padded_tokens"] == sum(lengths)
+    else:
+        assert metrics["padded_tokens"] > sum(lengths)
