@@ -10,6 +10,11 @@ window per optimizer step: batches on ``accelerator.device``, ``no_sync`` on all
 last micro-step. The Accelerator keeps ``gradient_accumulation_steps=1``: the loss
 ``sum(token losses) / info.loss_normalizer`` already covers the window. ``ProgressLR``
 decays the rate with the fraction of the data trained on.
+
+A mid-epoch checkpoint: ``--checkpoint DIR --stop-after K`` saves the model, the
+optimizer and every rank's own ``loader.state_dict()`` piece after K windows and stops;
+``--checkpoint DIR --resume`` loads them (the loader gets all pieces) and finishes the
+training, every sample once.
 """
 
 import argparse
@@ -31,6 +36,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--record", type=Path, help="write what each rank trained on here")
+    parser.add_argument("--checkpoint", type=Path, help="--stop-after saves here, --resume loads")
+    parser.add_argument("--stop-after", type=int, help="save a checkpoint after K windows, stop")
+    parser.add_argument("--resume", action="store_true", help="start from --checkpoint")
     args = parser.parse_args()
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())  # starts the process group
@@ -40,15 +48,23 @@ def main() -> None:
         RandomTokens(args.samples), token_budget=512, num_workers=1, grad_accum_steps=2
     )
     model, optimizer, loader = prepare(accelerator, model, optimizer, loader)
-    epoch = 0
+    epoch = start = 0
     scheduler = ProgressLR(
         optimizer,
         lambda done: 1.0 - done,  # linear decay to 0 over the data
         progress=lambda: (epoch + loader.progress()) / args.epochs,
     )
+    rank = accelerator.process_index
+    if args.resume:  # after the scheduler: the saved optimizer state holds the next rate
+        state = torch.load(args.checkpoint / "train.pt")
+        accelerator.unwrap_model(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        pieces = [torch.load(path) for path in sorted(args.checkpoint.glob("loader_rank*.pt"))]
+        loader.load_state_dict(pieces)  # every rank's piece, on every rank
+        start = loader.epoch  # the saved epoch, continued where it stopped
 
-    record = []
-    for epoch in range(args.epochs):
+    record, stop = [], False
+    for epoch in range(start, args.epochs):
         loader.set_epoch(epoch)
         for window in windows(accelerator, model, loader):
             lr = optimizer.param_groups[0]["lr"]
@@ -69,6 +85,12 @@ def main() -> None:
             if args.record is not None and len(record) == 1 and accelerator.is_main_process:
                 args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
                 torch.save(accelerator.unwrap_model(model).state_dict(), args.record / "step1.pt")
+            if len(record) == args.stop_after:  # a window boundary: the loader's state
+                save(args.checkpoint, accelerator, model, optimizer, loader)  # covers exactly
+                stop = True  # what was trained
+                break
+        if stop:
+            break
         accelerator.print(
             f"epoch {epoch}: {len(record)} windows so far, lr now "
             f"{optimizer.param_groups[0]['lr']:.3g}"
@@ -76,9 +98,19 @@ def main() -> None:
 
     if args.record is not None:
         args.record.mkdir(parents=True, exist_ok=True)
-        path = args.record / f"rank{accelerator.process_index}.json"
+        path = args.record / f"rank{rank}.json"
         path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
     accelerator.end_training()
+
+
+def save(folder: Path, accelerator: Accelerator, model, optimizer, loader) -> None:
+    """Model and optimizer (rank 0) and this rank's own loader piece (every rank)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(loader.state_dict(), folder / f"loader_rank{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        model_state = accelerator.unwrap_model(model).state_dict()
+        torch.save({"model": model_state, "optimizer": optimizer.state_dict()}, folder / "train.pt")
+    accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":  # ODB's collate process needs the guard

@@ -9,6 +9,12 @@ be shorter than ``gradient_accumulation_steps``); ``window.backward`` runs
 ``engine.backward(loss, scale_wrt_gas=False)`` (the loss ``sum(token losses) /
 info.loss_normalizer`` already covers the window) and ``engine.step()``. IDLE steps are
 zero-loss micro-steps, so every rank's ZeRO reduce-scatter fires in step.
+
+A mid-epoch checkpoint: ``--checkpoint DIR --stop-after K`` saves the engine
+(``engine.save_checkpoint``: model, ZeRO optimizer shards, scheduler) and every rank's
+own ``loader.state_dict()`` piece after K windows and stops; ``--checkpoint DIR
+--resume`` loads them (the loader gets all pieces) and finishes the training, every
+sample once.
 """
 
 import argparse
@@ -31,6 +37,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--record", type=Path, help="write what each rank trained on here")
+    parser.add_argument("--checkpoint", type=Path, help="--stop-after saves here, --resume loads")
+    parser.add_argument("--stop-after", type=int, help="save a checkpoint after K windows, stop")
+    parser.add_argument("--resume", action="store_true", help="start from --checkpoint")
     args = parser.parse_args()
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -39,7 +48,7 @@ def main() -> None:
     )
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    epoch = 0
+    epoch = start = 0
     scheduler = ProgressLR(
         optimizer,
         lambda done: 1.0 - done,  # linear decay over the data
@@ -55,9 +64,14 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
     )
+    if args.resume:
+        engine.load_checkpoint(str(args.checkpoint), tag="stop")  # the rate saved with it
+        pieces = [torch.load(path) for path in sorted(args.checkpoint.glob("loader_rank*.pt"))]
+        loader.load_state_dict(pieces)  # every rank's piece, on every rank
+        start = loader.epoch  # the saved epoch, continued where it stopped
 
-    record = []
-    for epoch in range(args.epochs):
+    record, stop = [], False
+    for epoch in range(start, args.epochs):
         loader.set_epoch(epoch)
         for window in windows(engine, loader):
             lr = optimizer.param_groups[0]["lr"]
@@ -75,6 +89,12 @@ def main() -> None:
             if args.record is not None and len(record) == 1 and dist.get_rank() == 0:
                 args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
                 torch.save(engine.module.state_dict(), args.record / "step1.pt")
+            if len(record) == args.stop_after:  # a window boundary: the loader's state
+                save(args.checkpoint, engine, loader)  # covers exactly what was trained
+                stop = True
+                break
+        if stop:
+            break
         if dist.get_rank() == 0:
             print(
                 f"epoch {epoch}: {len(record)} windows so far, lr now "
@@ -87,6 +107,14 @@ def main() -> None:
         path = args.record / f"rank{dist.get_rank()}.json"
         path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
     dist.destroy_process_group()
+
+
+def save(folder: Path, engine, loader) -> None:
+    """The engine's checkpoint (all ranks write) and this rank's own loader piece."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(loader.state_dict(), folder / f"loader_rank{dist.get_rank()}.pt")
+    engine.save_checkpoint(str(folder), tag="stop")  # collective; ends with a barrier
+    dist.barrier()
 
 
 if __name__ == "__main__":  # ODB's collate process needs the guard
