@@ -63,6 +63,8 @@ def main() -> None:
     )
     trainer = ODBTrainer(model=tiny_model(), args=targs, train_loader=loader)
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if torch.distributed.is_initialized():  # leave the group before interpreter teardown
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":  # ODB's collate process needs the guard

@@ -113,6 +113,11 @@ def main() -> None:
         "lr_final": trainer.optimizer.param_groups[0]["lr"],
     }
     (opt.out / f"{tag}_rank{rank}.json").write_text(json.dumps(result))
+    # Leave the trainer's group before exit: once, at W=2 on a loaded machine, rank 0
+    # aborted in interpreter teardown ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
