@@ -26,7 +26,7 @@ from odb.checks import (
     check_state_keys,
     state_pieces,
 )
-from odb.collate import PadCollate
+from odb.collate import PadCollate, batch_cat, batch_empty
 from odb.comm import AlignmentGroup, AlignmentTimeoutError, open_rendezvous
 from odb.config import LoaderConfig, ODBConfig
 from odb.engine import PeerFailedError
@@ -54,6 +54,8 @@ __all__ = [
     "StepMetrics",
     "TokenBudget",
     "AccumulationNormalizer",
+    "batch_cat",
+    "batch_empty",
     "check_callables",
     "check_epoch",
     "check_int",

@@ -25,6 +25,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from odb.collate import share_batches
 from odb.collate_side import POLL_S, Heartbeat, collate_main
 from odb.engine import EpochJob
 from odb.handoff import SlabWriter
@@ -57,6 +58,7 @@ def process_entry(
     threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
     # The handshake (odb/startup.py): the user's parts arrive after the start, once.
     spec, rendezvous = pickle.loads(jobs.recv_bytes())
+    share_batches()  # big batch fields are built in shared memory, handed over uncopied
     ready.set()
     encoder = SlabWriter(returns, slots)
     while (message := _next_job(jobs, stop)) is not None:

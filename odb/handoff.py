@@ -4,10 +4,13 @@ The collate process copies a batch's tensor storages into a shared-memory *slab*
 reuses (one per slot, ``queue_depth + 2`` slots, each slab sent to the trainer once per
 epoch; both sides drop them at the epoch's end);
 the queue carries the pickled batch with the storages' offsets, the trainer copies them
-out and returns the slot on a pipe. A batch thus costs two memory copies and two small
-pipe messages, instead of one new shared-memory segment and one descriptor handshake per
-tensor (``docs/benchmarks.md`` section 6). Non-tensor fields travel by pickle; a batch
-whose storages exceed :data:`SLAB_MAX_BYTES` is pickled with torch's shared-memory
+out and returns the slot on a pipe. A small batch thus costs two memory copies and two
+small pipe messages, instead of one new shared-memory segment and one descriptor
+handshake per tensor (``docs/benchmarks.md`` section 6). A storage already in shared
+memory (a big field the collate function built with :func:`odb.collate.batch_cat`, or a
+sample's tensor passed through from a worker) is not copied: its descriptor is handed
+over, as the DataLoader's worker path does. Non-tensor fields travel by pickle; a batch
+whose other storages exceed :data:`SLAB_MAX_BYTES` is pickled with torch's shared-memory
 reductions instead. A decoded batch owns its memory, so a consumer may keep it.
 """
 
@@ -137,9 +140,10 @@ def _aligned(offset: int) -> int:
 class _SlabPickler(ForkingPickler):
     """Pickles a batch with its plain CPU tensors' storages as slab offsets.
 
-    Each distinct storage gets an aligned place from offset 0 (``placed``; ``end`` is the
-    bytes needed) and is pickled as the persistent id ``(offset, nbytes)``; the caller
-    copies the storages in. Other tensors and objects pickle as with ForkingPickler.
+    Each distinct storage not in shared memory already gets an aligned place from offset
+    0 (``placed``; ``end`` is the bytes needed) and is pickled as the persistent id
+    ``(offset, nbytes)``; the caller copies the storages in. Shared storages, other
+    tensors and other objects pickle as with ForkingPickler.
     """
 
     def __init__(self, file: Any) -> None:
@@ -155,8 +159,8 @@ class _SlabPickler(ForkingPickler):
         return NotImplemented
 
     def persistent_id(self, obj: Any) -> tuple[int, int] | None:
-        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu":
-            return None
+        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu" or obj.is_shared():
+            return None  # shared storages cross by descriptor, without a copy
         offset = self._offsets.get(id(obj))
         if offset is None:
             offset = self._offsets[id(obj)] = self.end

@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from experiments.data.assets import IMAGE_PAD, VISION_END, VISION_START, load_processor
+from odb.collate import batch_cat
 
 PIPELINE_VERSION = 1  # bump when the rendering or masking below changes lengths or labels
 IGNORE_INDEX = -100
@@ -400,6 +401,6 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict:
              "mm_token_type_ids": pad("mm_token_type_ids", 0)}
     with_images = [s for s in samples if "pixel_values" in s]
     if with_images:
-        batch["pixel_values"] = torch.cat([s["pixel_values"] for s in with_images])
+        batch["pixel_values"] = batch_cat([s["pixel_values"] for s in with_images])
         batch["image_grid_thw"] = torch.cat([s["image_grid_thw"] for s in with_images])
     return batch

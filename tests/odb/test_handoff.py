@@ -116,3 +116,15 @@ def test_waiting_for_a_slot_ends_when_stopped_or_the_trainer_is_gone() -> None:
     assert writer.encode(("step", {"x": torch.zeros(1)}), stop) is None
     reader.close()
     assert writer.encode(("step", {"x": torch.zeros(1)}), threading.Event()) is None
+
+
+def test_a_shared_storage_crosses_by_descriptor_without_a_slab_copy() -> None:
+    writer, reader = _pair(slots=1)
+    pixels = torch.randn(1000).share_memory_()
+    kind, payload = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
+    assert kind == "slab" and payload[1].numel() == handoff.SLAB_MIN_BYTES  # ids only
+    out = reader.decode(*payload)
+    assert out["pixels"].is_shared() and torch.equal(out["pixels"], pixels)
+    assert not out["ids"].is_shared() and torch.equal(out["ids"], torch.arange(4))
+    pixels.zero_()  # the same memory, handed over: the writer built it for the trainer
+    assert torch.equal(out["pixels"], torch.zeros(1000))

@@ -1,0 +1,73 @@
+"""batch_cat / batch_empty: shared memory exactly where a batch crosses processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import odb.collate as collate
+from odb.collate import SHARED_MIN_BYTES, PadCollate, batch_cat, batch_empty
+
+BIG = SHARED_MIN_BYTES // 4  # float32 elements of one shared-size field
+
+
+@pytest.fixture
+def collate_process() -> object:
+    collate.share_batches(True)
+    yield
+    collate.share_batches(False)
+
+
+def test_in_the_trainer_nothing_is_shared() -> None:
+    assert not collate.batches_cross_processes()
+    assert not batch_empty((BIG,)).is_shared()
+    assert not batch_cat([torch.ones(BIG), torch.ones(BIG)]).is_shared()
+
+
+def test_in_a_collate_process_big_fields_are_shared_small_ones_not(collate_process: object) -> None:
+    parts = [torch.randn(BIG // 2, 4), torch.randn(BIG // 4, 4)]
+    out = batch_cat(parts)
+    assert out.is_shared() and out.is_contiguous()
+    assert torch.equal(out, torch.cat(parts)) and out.dtype == torch.float32
+    assert not batch_cat([torch.ones(3), torch.ones(2)]).is_shared()
+    assert batch_empty((2, BIG), torch.bfloat16).shape == (2, BIG)
+
+
+def test_mixed_inputs_fall_back_to_torch_cat(collate_process: object) -> None:
+    parts = [torch.ones(BIG, dtype=torch.int32), torch.ones(BIG, dtype=torch.int64)]
+    out = batch_cat(parts)
+    assert out.dtype == torch.int64 and torch.equal(out, torch.cat(parts))
+    with pytest.raises(ValueError, match="no tensors"):
+        batch_cat([])
+
+
+def test_pad_collate_builds_big_fields_shared_in_a_collate_process(
+    collate_process: object,
+) -> None:
+    samples = [
+        {"input_ids": torch.tensor([1, 2]), "pixel_values": torch.randn(BIG // 8, 8)}
+        for _ in range(3)
+    ]
+    batch = PadCollate()(samples)
+    assert batch["pixel_values"].is_shared() and not batch["input_ids"].is_shared()
+    assert torch.equal(batch["pixel_values"], torch.cat([s["pixel_values"] for s in samples]))
+
+
+class _Pixels(Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((BIG,), float(i))
+
+
+def _shared_flags(batch: list[torch.Tensor]) -> tuple[bool, torch.Tensor]:
+    out = batch_cat(batch)
+    return out.is_shared(), out
+
+
+def test_in_a_dataloader_worker_the_batch_is_built_shared() -> None:
+    loader = DataLoader(_Pixels(), batch_size=2, num_workers=1, collate_fn=_shared_flags)
+    ((shared_in_worker, out),) = list(loader)
+    assert shared_in_worker and torch.equal(out[BIG:], torch.ones(BIG))
