@@ -235,6 +235,17 @@ class ODBLoader:
         """
         self._ledger.load(parse_pieces(state_dict))
 
+    def start(self) -> None:
+        """Start the collate side now instead of at the first ``iter()``; idempotent.
+
+        In process mode its start-up (spawning the collate process, importing torch and
+        what the dataset needs, unpickling the user's parts: seconds with a transformers
+        processor) then runs while the trainer builds its model, instead of delaying the
+        first batch. Call it on every rank, after construction. Nothing else changes: an
+        error of the start-up surfaces at ``iter()``, as without it.
+        """
+        self._runners.start(self._rendezvous)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         job = self._stream_job() if self._stream else self._map_job()
         self._iterations += 1

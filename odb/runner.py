@@ -250,6 +250,11 @@ class IdleRunner:
             runner = None
         return runner or CollateRunner(self._spec, self._config, self._rank, rendezvous)
 
+    def start(self, rendezvous: Rendezvous | None) -> None:
+        """Start the next epoch's runner now unless one is kept (its start-up runs meanwhile)."""
+        if self._kept is None:
+            self._kept = CollateRunner(self._spec, self._config, self._rank, rendezvous)
+
     def give_back(self, runner: CollateRunner) -> None:
         """Keep ``runner`` for the next epoch if its epoch ended cleanly; else close it."""
         if runner.busy or runner.closed or self._kept is not None:

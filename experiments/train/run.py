@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import odb
 from baselines import LengthCache, PackCollate, build_loader, needs_lengths
 from baselines.length_cache import build as build_length_cache
 from experiments.data.pipeline import PreprocessedDataset, collate
@@ -181,6 +182,8 @@ def build_method_loader(cfg: TrainConfig, dataset: PreprocessedDataset, rank: in
         lengths, cache_info = _length_cache(cfg, dataset, rank, out_dir, cfg.method.num_workers)
     loader = build_loader(cfg.method.name, dataset, cfg.method.token_budget,
                           collate_fn=collate_fn, lengths=lengths, **options)
+    if isinstance(loader, odb.ODBLoader):
+        loader.start()  # its collate process starts up while the model is built
     return loader, cache_info
 
 

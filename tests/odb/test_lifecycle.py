@@ -127,3 +127,16 @@ def test_a_collate_process_killed_between_epochs_is_replaced_with_a_warning() ->
     assert fresh.pid != idle.pid
     del loader
     assert _children_settle() == []
+
+
+def test_start_brings_up_the_collate_process_the_first_epoch_uses() -> None:
+    loader = odb.ODBLoader(LengthDataset([(i % 13) + 1 for i in range(60)]), token_budget=32)
+    assert _live_children() == []
+    loader.start()
+    loader.start()  # idempotent
+    (early,) = _live_children()
+    assert sum(odb.pop_step_info(b).local_samples for b in loader) == 60
+    (after,) = _live_children()
+    assert after.pid == early.pid
+    del loader
+    assert _children_settle() == []
