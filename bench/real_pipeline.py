@@ -10,7 +10,10 @@ iterating it with one of
 * ``plain``: ``DataLoader(dataset, batch_size=1, num_workers=--workers,
   sampler=DistributedSampler(dataset, W, rank, seed=--seed), collate_fn=collate)``;
 * ``odb``: ``odb.ODBLoader(dataset, token_budget=--budget, num_workers=--workers,
-  collate_fn=collate, seed=--seed)`` with every other setting at its default;
+  collate_fn=collate, seed=--seed)`` with every other setting at its default (a collate
+  process);
+* ``odb-thread``: the same with ``collate_mode="thread"`` (the collate side in a thread
+  of the trainer);
 
 where ``collate`` is the project's own (``experiments.data.pipeline.collate`` with the
 tokenizer's pad id). The consumer counts samples and tokens, and with
@@ -28,6 +31,8 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
   thread of this process with psutil every ``--mem-interval-ms``; ``peak_pss_mb`` the
   same with PSS (shared pages split between the processes that map them, so tensors in
   shared memory count once instead of not at all);
+* ``collate_cpu_us_per_sample`` (odb only): CPU time of the collate side
+  (``stats()['collate_cpu_s']``: the collate process, or the collate thread) per sample;
 * ``padding_efficiency``: real tokens (``attention_mask`` ones) / padded tokens
   (``attention_mask`` elements) of the emitted non-IDLE batches, for both loaders;
 * ``steps``: batches per rank (the slowest rank), IDLE steps apart;
@@ -36,7 +41,7 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 CPU-proxy scale: all processes share the machine's cores (see ``machine``), so compare
 the loaders within one run, never across machines.
 
-    python -m bench.real_pipeline --samples 300 --world 1 2 --out results/bench/real_pipeline.json
+    python -m bench.real_pipeline --samples 240 --world 1 2 --out results/bench/real_pipeline.json
 
 Needs the data assets of ``make reproduce`` (``results/data/proxies`` and
 ``results/data/assets/processor``), or ``--proxies-dir`` / ``--processor``.
@@ -60,7 +65,9 @@ from bench import _io
 from experiments.data.proxies import PROXY_NAMES, default_max_pixels
 from tests.dist import run_ranks
 
-LOADERS = ("plain", "odb")
+LOADERS = ("plain", "odb", "odb-thread")
+# What each odb variant sets on top of --odb.
+_VARIANTS = {"odb": {}, "odb-thread": {"collate_mode": "thread"}}
 MB = 1 << 20
 # Nothing on this path may reach a hub; set in every rank before HF code is imported.
 _OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -178,14 +185,14 @@ def _build_loader(spec: CellSpec, dataset: Any, rank: int, world: int) -> tuple[
     from experiments.data.pipeline import collate
 
     collate_fn = partial(collate, pad_token_id=dataset.tokenizer.pad_token_id)
-    if spec.loader == "odb":
+    if spec.loader in _VARIANTS:
         loader = odb.ODBLoader(
             dataset,
             token_budget=spec.budget,
             num_workers=spec.workers,
             collate_fn=collate_fn,
             seed=spec.seed,
-            **dict(spec.odb_options),
+            **(dict(spec.odb_options) | _VARIANTS[spec.loader]),
         )
         return loader, loader
     sampler = DistributedSampler(
@@ -212,7 +219,7 @@ def _run_epoch(spec: CellSpec, loader: Any, label: str) -> dict[str, Any]:
         now = time.perf_counter()
         if first_s is None:
             first_s = now - started
-        if spec.loader == "odb":
+        if spec.loader in _VARIANTS:
             info = odb.pop_step_info(batch)
             n, is_idle = info.local_samples, info.idle
         else:
@@ -301,7 +308,7 @@ def rank_cell(rank: int, world: int, spec: CellSpec) -> dict[str, Any]:
         epoch_setter.set_epoch(epoch)
         label = f"{spec.proxy} W={world} {spec.loader} rank {rank} epoch {epoch}"
         record = _run_epoch(spec, loader, label)
-        if spec.loader == "odb":
+        if spec.loader in _VARIANTS:
             record["odb_stats"] = loader.stats()
         epochs.append(record)
     return {"rank": rank, "uss_before_iter_mb": uss_before, "epochs": epochs}
@@ -339,6 +346,7 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "real_tokens": real,
         "padded_tokens": padded,
         "uss_before_iter_mb": round(sum(r["uss_before_iter_mb"] for r in ranks), 1),
+        "collate_cpu_us_per_sample": _collate_cpu_us(ranks, samples),
         "per_rank": [
             {
                 "rank": r["rank"],
@@ -353,6 +361,14 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         ],
     }
     return out
+
+
+def _collate_cpu_us(ranks: list[dict[str, Any]], samples: int) -> float | None:
+    """The collate side's CPU microseconds per emitted sample (odb cells; else None)."""
+    stats = [e["odb_stats"] for r in ranks for e in r["epochs"] if "odb_stats" in e]
+    if not stats or not samples:
+        return None
+    return round(1e6 * sum(s["collate_cpu_s"] for s in stats) / samples, 1)
 
 
 def compare(plain: dict[str, Any], odb: dict[str, Any]) -> dict[str, Any]:
@@ -370,22 +386,28 @@ def compare(plain: dict[str, Any], odb: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    """A markdown table of the headline numbers (the JSON holds everything)."""
+    """A markdown table of the headline numbers, one row per odb variant (the JSON holds
+    everything)."""
     lines = [
-        "| proxy | W | samples/s plain / odb (ratio) | first batch s plain / odb "
-        "| peak USS MB plain / odb | padding eff. plain / odb | steps plain / odb |",
-        "|---|---|---|---|---|---|---|",
+        "| proxy | W | odb variant | samples/s plain / odb (ratio) | first batch s plain / "
+        "odb | peak USS MB plain / odb | padding eff. plain / odb | steps plain / odb "
+        "| collate CPU us/sample |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in results.values():
-        p, o, c = cell["plain"], cell["odb"], cell["odb_vs_plain"]
-        lines.append(
-            f"| {cell['proxy']} | {cell['world_size']} | {p['samples_per_s']} / "
-            f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x) | "
-            f"{p['first_batch_s']:.2f} / {o['first_batch_s']:.2f} | "
-            f"{p['peak_uss_mb']:.0f} / {o['peak_uss_mb']:.0f} | "
-            f"{p['padding_efficiency']} / {o['padding_efficiency']} | "
-            f"{p['steps']} / {o['steps']} |"
-        )
+        p = cell["plain"]
+        for variant in _VARIANTS:
+            if variant not in cell:
+                continue
+            o, c = cell[variant], cell[f"{variant}_vs_plain"]
+            lines.append(
+                f"| {cell['proxy']} | {cell['world_size']} | {variant} | {p['samples_per_s']} / "
+                f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x) | "
+                f"{p['first_batch_s']:.2f} / {o['first_batch_s']:.2f} | "
+                f"{p['peak_uss_mb']:.0f} / {o['peak_uss_mb']:.0f} | "
+                f"{p['padding_efficiency']} / {o['padding_efficiency']} | "
+                f"{p['steps']} / {o['steps']} | {o['collate_cpu_us_per_sample']} |"
+            )
     return "\n".join(lines)
 
 
@@ -443,6 +465,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--budget", type=int, default=8192, help="odb token budget")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (both)")
     p.add_argument("--proxies", nargs="+", default=list(PROXY_NAMES))
+    p.add_argument(
+        "--loaders",
+        nargs="+",
+        default=list(LOADERS),
+        choices=LOADERS,
+        help="which loaders to run (plain always runs: the others are compared with it)",
+    )
     p.add_argument("--world", type=int, nargs="+", default=[1, 2])
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -482,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_pixels = args.max_pixels or default_max_pixels(proxy)
         for world in args.world:
             cell: dict[str, Any] = {"proxy": proxy, "world_size": world}
-            for name in LOADERS:
+            for name in ["plain", *(n for n in args.loaders if n != "plain")]:
                 spec = CellSpec(
                     proxy=proxy,
                     source=proxy_source(args.proxies_dir, proxy),
@@ -509,7 +538,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"{r['steps']} steps"
                 )
                 cell[name] = r
-            cell["odb_vs_plain"] = compare(cell["plain"], cell["odb"])
+            for variant in _VARIANTS:
+                if variant in cell:
+                    cell[f"{variant}_vs_plain"] = compare(cell["plain"], cell[variant])
             results[f"{proxy}/W{world}"] = cell
     text = table(results)
     _io.progress("summary:\n" + text)
@@ -528,6 +559,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "proxies": settings,
             "odb": {
                 "options": dict(odb_options),
+                "variants": _VARIANTS,
                 "otherwise": "ODBLoader defaults",
             },
             "plain": "DataLoader(batch_size=1, DistributedSampler(shuffle=True))",

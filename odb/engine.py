@@ -99,6 +99,8 @@ def run_epoch(
     """
     cfg = job.config
     metrics = EpochMetrics()
+    cpu_clock = time.process_time if cfg.collate_mode == "process" else time.thread_time
+    cpu_start = cpu_clock()
     emit = _timing_first(emit, metrics)
     epoch_samples = _check_sources(job, group)
     rounds = RankRounds(cfg, None if job.view is None else len(job.view))
@@ -119,6 +121,7 @@ def run_epoch(
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
     metrics.peak_window_bytes = rounds.buffer.peak_nbytes
+    metrics.collate_cpu_s = cpu_clock() - cpu_start
     carry, carried = _carry(job, rounds, group)
     return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
 

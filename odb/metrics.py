@@ -109,6 +109,10 @@ class EpochMetrics(StepMetrics):
     first_emit_s: float = 0.0
     # The most bytes of sample data (tensors, arrays) the grouping window held at once.
     peak_window_bytes: int = 0
+    # CPU seconds of the collate side in this epoch (receiving the workers' samples,
+    # measuring, grouping, collating, handing over): the whole collate process in process
+    # mode, the collate thread in thread mode; DataLoader workers are not counted.
+    collate_cpu_s: float = 0.0
 
     def record_tail(self, statuses: Sequence[RankStatus], end: bool) -> None:
         """Count rounds after every rank has read its whole view (the termination tail).

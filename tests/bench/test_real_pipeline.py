@@ -41,17 +41,19 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert json.loads(capsys.readouterr().out) == doc  # stdout and --out agree
     assert doc["machine"]["scale"] == "CPU-proxy scale"
     cell = doc["results"]["mmmix/W1"]
-    plain, odb = cell["plain"], cell["odb"]
-    for r in (plain, odb):
+    plain, odb, thread = cell["plain"], cell["odb"], cell["odb-thread"]
+    for r in (plain, odb, thread):
         assert r["samples"] == SAMPLES
         assert sum(p["samples"] for p in r["per_rank"]) == SAMPLES
         assert 0 < r["padding_efficiency"] <= 1
         assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["memory_samples"] > 0
         assert r["samples_per_s"] > 0 and 0 <= r["first_batch_s"] <= r["wall_s"]
     assert plain["steps"] == SAMPLES and plain["padding_efficiency"] == 1.0
-    assert 1 <= odb["steps"] <= plain["steps"]
+    assert 1 <= odb["steps"] <= plain["steps"] and thread["steps"] == odb["steps"]
+    assert plain["collate_cpu_us_per_sample"] is None
+    assert odb["collate_cpu_us_per_sample"] > 0 and thread["collate_cpu_us_per_sample"] > 0
     stats = odb["per_rank"][0]["epochs"][0]["odb_stats"]
     assert stats["samples"] == SAMPLES and stats["steps"] == odb["steps"]
     assert stats["padding_efficiency"] == pytest.approx(odb["padding_efficiency"], abs=1e-4)
     assert cell["odb_vs_plain"]["steps_plain_odb"] == [SAMPLES, odb["steps"]]
-    assert "mmmix" in doc["table_markdown"]
+    assert "| odb-thread |" in doc["table_markdown"]

@@ -3,6 +3,7 @@ no processes): when the first batch leaves and what the window holds in bytes.""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -28,10 +29,13 @@ def test_deal_carry_single_rank_keeps_its_carry_in_order() -> None:
 # ------------------------------------------- the epoch's start and the window's bytes
 
 
-def _epoch(cfg: ODBConfig, lengths: list[int], pixels: int = 0) -> tuple[dict, list[int]]:
+def _epoch(
+    cfg: ODBConfig, lengths: list[int], pixels: int = 0, collate_cpu_s: float = 0.0
+) -> tuple[dict, list[int]]:
     """``run_epoch`` on one rank with no peers over real tensors (``pixels`` float32 of
-    image data per sample). Returns the epoch's metrics and, per emitted batch, how many
-    samples had been read when it was handed over."""
+    image data per sample; each collate busy for ``collate_cpu_s`` of thread CPU).
+    Returns the epoch's metrics and, per emitted batch, how many samples had been read
+    when it was handed over."""
     reads: list[int] = []
     emitted: list[int] = []
 
@@ -42,6 +46,9 @@ def _epoch(cfg: ODBConfig, lengths: list[int], pixels: int = 0) -> tuple[dict, l
             yield i, {"input_ids": ids, "labels": ids.clone(), "pixels": torch.zeros(pixels)}
 
     def collate(batch: list[dict]) -> dict:
+        busy_until = time.thread_time() + collate_cpu_s
+        while time.thread_time() < busy_until:
+            pass
         return PadCollate()([{k: s[k] for k in ("input_ids", "labels")} for s in batch])
 
     view = list(range(len(lengths)))
@@ -72,6 +79,15 @@ def test_the_first_batch_leaves_after_a_few_reads_not_a_whole_window() -> None:
     assert ramp_emits[0] <= ramp.initial_window_budgets * 1024 // 50 + 1
     assert ramp_stats["samples"] == whole_stats["samples"] == len(lengths)
     assert 0 < ramp_stats["first_emit_s"] and 0 < whole_stats["first_emit_s"]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_collate_cpu_s_counts_the_collate_sides_cpu(mode: str) -> None:
+    """A collate function that burns 20 ms of CPU per step: the epoch's collate_cpu_s
+    holds at least that much (and the epoch's other work on top)."""
+    cfg = ODBConfig(token_budget=64, shuffle=False, collate_mode=mode)
+    stats, _ = _epoch(cfg, [20] * 30, collate_cpu_s=0.02)
+    assert stats["collate_cpu_s"] >= 0.02 * stats["steps"]
 
 
 def test_the_window_stops_reading_at_window_bytes() -> None:
