@@ -8,15 +8,17 @@ the collate process.
 :func:`batch_cat` and :func:`batch_empty` are for collate functions (this one, or a
 user's): where the batch will cross to another process (an ODB collate process, or a
 DataLoader worker, as ``torch.utils.data.default_collate`` does), a big field is built
-in shared memory at once, so it crosses without another copy (``odb.handoff``).
+in shared memory at once (in an ODB collate process, in a reused block of the hand-off
+pool), so it crosses without another copy (``odb.handoff``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import get_worker_info
@@ -25,32 +27,49 @@ from torch.utils.data import get_worker_info
 # processes; smaller ones travel as bytes (the worker hand-off's threshold, measured in
 # odb.sources).
 SHARED_MIN_BYTES = 256 * 1024
-_shared_batches = False
 
 
-def share_batches(on: bool = True) -> None:
-    """Say that batches built in this process cross to another one (an ODB collate process)."""
-    global _shared_batches
-    _shared_batches = on
+class _Pool(Protocol):
+    def empty(self, nbytes: int) -> torch.Tensor: ...
+
+
+_pool: _Pool | None = None
+_pool_pid = -1
+
+
+def share_batches(pool: _Pool | None) -> None:
+    """Build big batch fields in this process from ``pool`` (an ODB collate process's
+    :class:`odb.handoff.BlockPool`), or stop (None). Processes forked later do not."""
+    global _pool, _pool_pid
+    _pool, _pool_pid = pool, os.getpid()
+
+
+def _own_pool() -> _Pool | None:
+    return _pool if _pool_pid == os.getpid() else None
 
 
 def batches_cross_processes() -> bool:
     """Whether a batch built here is handed to another process (collate process, worker)."""
-    return _shared_batches or get_worker_info() is not None
+    return _own_pool() is not None or get_worker_info() is not None
 
 
 def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, in shared memory when it will cross processes.
 
     Shared when :func:`batches_cross_processes` and it takes at least
-    :data:`SHARED_MIN_BYTES`; the hand-off then passes its memory on instead of copying
-    it. Contiguous, on the CPU, contents undefined.
+    :data:`SHARED_MIN_BYTES`: in an ODB collate process a reused block of its hand-off
+    pool (passed to the trainer without a copy, its pages already touched), in a
+    DataLoader worker new shared memory (as ``default_collate`` does). Contiguous, on the
+    CPU, contents undefined.
     """
     shape = tuple(int(n) for n in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < SHARED_MIN_BYTES or not batches_cross_processes():
         return torch.empty(shape, dtype=dtype)
-    storage = torch.UntypedStorage._new_shared(nbytes)  # as default_collate does in workers
+    pool = _own_pool()
+    if pool is not None:
+        return pool.empty(nbytes)[:nbytes].view(dtype).view(shape)
+    storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from odb.collate import share_batches
 from odb.collate_side import POLL_S, Heartbeat, collate_main
 from odb.engine import EpochJob
-from odb.handoff import SlabWriter
+from odb.handoff import PoolWriter
 
 # How often a collate process checks that its trainer is still alive.
 _WATCHDOG_S = 0.5
@@ -46,7 +46,6 @@ def process_entry(
     heartbeat: Heartbeat,
     start_method: str,
     returns: Connection,
-    slots: int,
 ) -> None:
     """Body of a collate process: the handshake, then epochs until an error or a stop."""
     # Ctrl-C reaches the whole foreground process group; the trainer handles it and
@@ -58,16 +57,16 @@ def process_entry(
     threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
     # The handshake (odb/startup.py): the user's parts arrive after the start, once.
     spec, rendezvous = pickle.loads(jobs.recv_bytes())
-    share_batches()  # big batch fields are built in shared memory, handed over uncopied
     ready.set()
-    encoder = SlabWriter(returns, slots)
+    encoder = PoolWriter(returns)
+    share_batches(encoder.pool)  # big batch fields are built in the hand-off's blocks
     while (message := _next_job(jobs, stop)) is not None:
         job, prefix = message
         if not collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder):
             break
     jobs.close()
-    # Stay alive until the trainer has taken everything: new slabs (and batches too big
-    # for one) travel as shared-memory file descriptors this process must hand over.
+    # Stay alive until the trainer has taken everything: new blocks (and other shared
+    # storages) travel as shared-memory file descriptors this process must hand over.
     stop.wait()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)

@@ -26,7 +26,7 @@ import torch
 from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.diagnostics import remove_shm_of
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
-from odb.handoff import SlabWriter
+from odb.handoff import PoolWriter
 from odb.sources import idle_template, open_samples
 
 # How often the collate side re-checks a full queue for a trainer that stopped listening
@@ -119,7 +119,7 @@ def collate_main(
     out: Any,
     stop: Any,
     heartbeat: Heartbeat | None = None,
-    encoder: SlabWriter | None = None,
+    encoder: PoolWriter | None = None,
 ) -> bool:
     """One epoch of the collate side; every outcome ends as one message on ``out``.
 
@@ -199,7 +199,7 @@ class _Outbox:
 
     out: Any
     stop: Any
-    encoder: SlabWriter | None
+    encoder: PoolWriter | None
 
     def emit(self, batch: Any) -> None:
         if not _put(self.out, ("step", batch), self.stop, self.encoder):
@@ -269,7 +269,7 @@ class _Stopped(Exception):
     """The trainer closed the iterator; the collate side ends quietly."""
 
 
-def _put(out: Any, message: Any, stop: Any, encoder: SlabWriter | None) -> bool:
+def _put(out: Any, message: Any, stop: Any, encoder: PoolWriter | None) -> bool:
     """Put unless the trainer stopped listening; False when the message was not sent.
 
     Never gives up while the trainer listens: a dropped message (an error above all)
@@ -278,9 +278,7 @@ def _put(out: Any, message: Any, stop: Any, encoder: SlabWriter | None) -> bool:
     if stop.is_set():
         return False
     if encoder is not None:
-        message = encoder.encode(message, stop)
-        if message is None:
-            return False
+        message = encoder.encode(message)
     while not stop.is_set():
         try:
             out.put(message, timeout=POLL_S)

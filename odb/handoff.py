@@ -1,24 +1,28 @@
-"""Process-mode hand-off of batches from the collate process to the trainer.
+"""Process-mode hand-off of batches: reusable shared-memory blocks, leased to the trainer.
 
-The collate process copies a batch's tensor storages into a shared-memory *slab* it
-reuses (one per slot, ``queue_depth + 2`` slots, each slab sent to the trainer once per
-epoch; both sides drop them at the epoch's end);
-the queue carries the pickled batch with the storages' offsets, the trainer copies them
-out and returns the slot on a pipe. A small batch thus costs two memory copies and two
-small pipe messages, instead of one new shared-memory segment and one descriptor
-handshake per tensor (``docs/benchmarks.md`` section 6). A storage already in shared
-memory (a big field the collate function built with :func:`odb.collate.batch_cat`, or a
-sample's tensor passed through from a worker) is not copied: its descriptor is handed
-over, as the DataLoader's worker path does. Non-tensor fields travel by pickle; a batch
-whose other storages exceed :data:`SLAB_MAX_BYTES` is pickled with torch's shared-memory
-reductions instead. A decoded batch owns its memory, so a consumer may keep it.
+The collate process builds a batch's big fields straight into blocks of a shared-memory
+pool (:func:`odb.collate.batch_empty` draws from it there) and copies the batch's other
+tensor storages into one more block; the queue carries the pickled batch with each
+storage as ``(block, offset, nbytes)``. The trainer maps a block once and rebuilds each
+storage as a view of it, without a copy. A block stays leased to the trainer while any
+tensor over it lives there; when the last one is freed its id goes back to the collate
+process, which reuses the block. So a consumer may keep a batch as long as it likes
+(the pool then grows), and a block's pages are touched once, not per batch: building a
+56 MB batch in fresh memory took 40 ms here (page faults and zeroing), in a reused
+block 8 ms (``docs/benchmarks.md`` section 10).
+
+A tensor that is neither plain nor on the CPU, and a storage already in shared memory
+from elsewhere (a sample's field passed through from a DataLoader worker), travel with
+torch's own reductions (a descriptor, no copy). A decoded batch owns its memory.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import pickle
+import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -28,129 +32,189 @@ import torch
 
 from odb.sources import reduce_plain_tensor, storage_bytes
 
-# Slabs: a batch whose tensor storages take more than SLAB_MAX_BYTES bypasses them; a
-# slab is allocated with room to grow (x1.25, at least SLAB_MIN_BYTES); storages start
-# on SLAB_ALIGN-byte boundaries.
-SLAB_MAX_BYTES = 16 << 20
-SLAB_MIN_BYTES = 1 << 20
-SLAB_ALIGN = 64
-# How often a writer waiting for a free slot re-checks the stop flag.
-_RETURN_POLL_S = 0.1
+# A new block gets room to grow (x1.25, at least BLOCK_MIN_BYTES); a free block is
+# reused for a request of at least half its size (any request, for the smallest blocks);
+# at most MAX_FREE_BLOCKS stay free.
+BLOCK_MIN_BYTES = 1 << 20
+MAX_FREE_BLOCKS = 8
+# Storages start on ALIGN-byte boundaries within a block.
+ALIGN = 64
 
 
-class SlabWriter:
-    """Collate-process side of the hand-off: batches' tensors go into reusable slabs.
+class BlockPool:
+    """The collate process's shared-memory blocks, each free or held.
 
-    Invariants: ``slots`` is ``queue_depth + 2`` (at most ``queue_depth`` batches wait in
-    the queue, one is being copied out by the trainer, one is being written), so a slot
-    is free whenever the queue has room. A slot is written only while free; it is free
-    from the start and again once the trainer sends its index back on ``returns`` (after
-    it copied the batch out), so a batch is never overwritten while the trainer reads
-    it. A slot's slab is allocated at its first use and replaced by a bigger one when a
-    batch does not fit; a new slab travels (once) with the batch that first uses it. The
-    lowest free slot is taken, so a trainer that keeps up leaves most slots unallocated.
+    A block's holders are the collate side (from :meth:`empty` until its last tensor
+    there is freed) and the trainer (one lease per batch sent over it, until the
+    trainer returns it). It is handed out only while free (no holder), so no tensor
+    alive on either side ever sees it rewritten. A block travels to the trainer as a
+    descriptor once (:meth:`first_use`) with the first batch that uses it; ids are
+    never reused, so a late return of a dropped block is ignored.
     """
 
-    def __init__(self, returns: Connection, slots: int) -> None:
+    def __init__(self, returns: Connection) -> None:
         self._returns = returns
-        self._slabs: list[torch.Tensor | None] = [None] * slots
-        self._free = set(range(slots))
+        self._blocks: dict[int, torch.Tensor] = {}
+        self._holders: dict[int, int] = {}  # blocks held, by their number of holders
+        self._by_address: dict[int, int] = {}  # data_ptr of a held block -> its id
+        self._done: collections.deque[int] = collections.deque()  # collate side let go
+        self._sent: set[int] = set()  # blocks the trainer has mapped
+        self._next_id = 0
 
-    def encode(self, message: tuple[str, Any], stop: Any) -> bytes | None:
-        """``message`` pickled for the queue; None when the trainer stopped listening.
+    def empty(self, nbytes: int) -> torch.Tensor:
+        """A ``uint8`` tensor over a whole free block of at least ``nbytes`` bytes."""
+        self.collect()
+        free = [b for b in self._blocks if b not in self._holders]
+        most = _aligned(max(BLOCK_MIN_BYTES, 2 * nbytes))
+        fits = [b for b in free if nbytes <= self._blocks[b].numel() <= most]
+        if fits:
+            block = min(fits, key=lambda b: self._blocks[b].numel())
+        else:
+            block = self._allocate(nbytes, free)
+        self._hold(block)
+        lease = _Lease(self._blocks[block])
+        weakref.finalize(lease, self._done.append, block)
+        return torch.from_numpy(np.asarray(lease))
 
-        A ``("step", batch)`` becomes ``("slab", (slot, new slab or None, pickle))``
-        unless its storages exceed ``SLAB_MAX_BYTES``; other messages are pickled as is.
+    def lend(self, storage: torch.UntypedStorage) -> int | None:
+        """The id of the held block ``storage`` is over, now leased to the trainer too."""
+        block = self._by_address.get(storage.data_ptr()) if storage.nbytes() else None
+        if block is not None:
+            self._hold(block)
+        return block
+
+    def give_back(self, block: int) -> None:
+        """End one lease of ``block`` (the trainer returned it, or it was never sent)."""
+        self._let_go(block)
+
+    def first_use(self, block: int) -> torch.Tensor | None:
+        """The block's tensor if the trainer has not mapped it yet (then it has)."""
+        if block in self._sent:
+            return None
+        self._sent.add(block)
+        return self._blocks[block]
+
+    def collect(self) -> None:
+        """Let go of the blocks the trainer returned and those the collate side freed."""
+        try:
+            while self._returns.poll():
+                self.give_back(int.from_bytes(self._returns.recv_bytes(), "little"))
+        except (EOFError, OSError):  # the trainer is gone
+            pass
+        while self._done:
+            self._let_go(self._done.popleft())
+
+    def end_epoch(self) -> None:
+        """Drop the free blocks; the trainer drops its mappings, so blocks are sent anew."""
+        self.collect()
+        for block in [b for b in self._blocks if b not in self._holders]:
+            del self._blocks[block]
+        self._sent.clear()
+
+    def _allocate(self, nbytes: int, free: list[int]) -> int:
+        for block in sorted(free, key=lambda b: self._blocks[b].numel())[: -MAX_FREE_BLOCKS + 1]:
+            del self._blocks[block]  # keep at most MAX_FREE_BLOCKS - 1 free ones
+            self._sent.discard(block)
+        size = _aligned(max(BLOCK_MIN_BYTES, nbytes * 5 // 4))
+        block, self._next_id = self._next_id, self._next_id + 1
+        storage = torch.UntypedStorage._new_shared(size)  # as default_collate does in workers
+        self._blocks[block] = torch.empty(0, dtype=torch.uint8).set_(storage)
+        return block
+
+    def _hold(self, block: int) -> None:
+        self._holders[block] = self._holders.get(block, 0) + 1
+        self._by_address[self._blocks[block].data_ptr()] = block
+
+    def _let_go(self, block: int) -> None:
+        held = self._holders.get(block)
+        if held is None:
+            return
+        if held > 1:
+            self._holders[block] = held - 1
+            return
+        del self._holders[block]
+        self._by_address.pop(self._blocks[block].data_ptr(), None)
+
+
+class PoolWriter:
+    """Collate-process side: encodes batches over the pool's blocks for the queue."""
+
+    def __init__(self, returns: Connection) -> None:
+        self.pool = BlockPool(returns)
+
+    def encode(self, message: tuple[str, Any]) -> bytes:
+        """``message`` pickled for the queue; a ``("step", batch)`` over the pool.
+
+        It becomes ``("pooled", (new blocks, rest block, pickle))``: the blocks the
+        trainer has not mapped yet travel (as descriptors) with it, and the rest block
+        holds the batch's small storages (None without any). Other messages are pickled
+        as they are.
         """
         kind, batch = message
         if kind != "step":
             return bytes(ForkingPickler.dumps(message))
-        slot = self._acquire(stop)
-        if slot is None:
-            return None
+        buffer = io.BytesIO()
+        pickler = _PoolPickler(buffer, self.pool)
         try:
-            encoded = self._write(slot, batch)
+            pickler.dump(batch)  # leases the batch's blocks to the trainer (lend)
         except BaseException:
-            self._free.add(slot)
+            for block in pickler.blocks:  # nothing was sent: take the leases back
+                self.pool.give_back(block)
             raise
-        if encoded is None:
-            self._free.add(slot)
-            return bytes(ForkingPickler.dumps(message))
-        return encoded
+        used = set(pickler.blocks)
+        rest_block = None
+        if pickler.placed:
+            rest = self.pool.empty(pickler.end)
+            rest_block = self.pool.lend(rest.untyped_storage())
+            assert rest_block is not None
+            target = rest.numpy()
+            for storage, offset in pickler.placed:
+                _copy(storage_bytes(storage).numpy(), target[offset : offset + storage.nbytes()])
+            used.add(rest_block)
+        new = [(b, t) for b in sorted(used) if (t := self.pool.first_use(b)) is not None]
+        return bytes(ForkingPickler.dumps(("pooled", (new, rest_block, buffer.getvalue()))))
 
     def end_epoch(self) -> None:
-        """Drop the slabs after an epoch's end was sent; the next epoch allocates anew.
+        """After an epoch's end was sent: drop the free blocks (BlockPool.end_epoch)."""
+        self.pool.end_epoch()
 
-        The trainer drops its copies when it reads the end (:meth:`SlabReader.end_epoch`),
-        so an idle collate side and its trainer hold no shared memory between epochs.
-        """
-        self._slabs = [None] * len(self._slabs)
 
-    def _acquire(self, stop: Any) -> int | None:
-        """The lowest free slot, waiting for the trainer to return one; None once stopped."""
-        try:
-            while True:
-                while self._returns.poll():
-                    self._free.add(int.from_bytes(self._returns.recv_bytes(), "little"))
-                if self._free:
-                    slot = min(self._free)
-                    self._free.remove(slot)
-                    return slot
-                if stop.is_set():
-                    return None
-                self._returns.poll(_RETURN_POLL_S)
-        except (EOFError, OSError):  # the trainer closed its end: it stopped listening
-            return None
-
-    def _write(self, slot: int, batch: Any) -> bytes | None:
-        """Copy the batch's storages into the slot's slab; None when they are too big."""
-        buffer = io.BytesIO()
-        pickler = _SlabPickler(buffer)
-        pickler.dump(batch)
-        if pickler.end > SLAB_MAX_BYTES:
-            return None
-        slab, fresh = self._slabs[slot], None
-        if slab is None or slab.numel() < pickler.end:
-            slab = fresh = _new_slab(pickler.end)
-            self._slabs[slot] = slab
-        target = slab.numpy()
-        for storage, offset in pickler.placed:
-            _copy(storage_bytes(storage).numpy(), target[offset : offset + storage.nbytes()])
-        return bytes(ForkingPickler.dumps(("slab", (slot, fresh, buffer.getvalue()))))
+# The block field of a storage copied into the batch's rest block (chosen after pickling,
+# once its size is known).
+_REST = -1
 
 
 def _copy(source: np.ndarray, target: np.ndarray) -> None:
     """Copy bytes with a plain memcpy on this thread.
 
     torch's ``clone`` of a ~64 KiB ``uint8`` slice measured ~2 ms per call on two busy
-    cores (presumably its intra-op thread pool); a whole batch now decodes in ~0.07 ms.
+    cores (presumably its intra-op thread pool); numpy's copy takes microseconds.
     """
     np.copyto(target, source, casting="no")
 
 
-def _new_slab(needed: int) -> torch.Tensor:
-    size = max(SLAB_MIN_BYTES, min(SLAB_MAX_BYTES, needed * 5 // 4), needed)
-    return torch.empty(_aligned(size), dtype=torch.uint8).share_memory_()
-
-
 def _aligned(offset: int) -> int:
-    return -(-offset // SLAB_ALIGN) * SLAB_ALIGN
+    return -(-offset // ALIGN) * ALIGN
 
 
-class _SlabPickler(ForkingPickler):
-    """Pickles a batch with its plain CPU tensors' storages as slab offsets.
+class _PoolPickler(ForkingPickler):
+    """Pickles a batch with its plain CPU tensors' storages as block references.
 
-    Each distinct storage not in shared memory already gets an aligned place from offset
-    0 (``placed``; ``end`` is the bytes needed) and is pickled as the persistent id
-    ``(offset, nbytes)``; the caller copies the storages in. Shared storages, other
-    tensors and other objects pickle as with ForkingPickler.
+    A storage over one of the pool's held blocks is pickled as ``(block, 0, nbytes)``
+    and leased to the trainer once per batch; another storage not in shared memory gets
+    an aligned place in the batch's rest block (``placed``; ``end`` is the bytes needed),
+    pickled as ``(_REST, offset, nbytes)``. Shared storages from elsewhere, other tensors
+    and other objects pickle as with ForkingPickler.
     """
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: Any, pool: BlockPool) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._pool = pool
         self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
         self._offsets: dict[int, int] = {}
         self.placed: list[tuple[torch.UntypedStorage, int]] = []
+        self._lent: dict[int, int | None] = {}
+        self.blocks: set[int] = set()
         self.end = 0
 
     def reducer_override(self, obj: Any) -> Any:
@@ -158,63 +222,102 @@ class _SlabPickler(ForkingPickler):
             return reduce_plain_tensor(obj, self._storages) or NotImplemented
         return NotImplemented
 
-    def persistent_id(self, obj: Any) -> tuple[int, int] | None:
-        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu" or obj.is_shared():
-            return None  # shared storages cross by descriptor, without a copy
+    def persistent_id(self, obj: Any) -> tuple[Any, int, int] | None:
+        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu":
+            return None
+        block = self._pool.lend(obj) if id(obj) not in self._lent else self._lent[id(obj)]
+        if block is not None:
+            self._lent[id(obj)] = block
+            self.blocks.add(block)
+            return block, 0, obj.nbytes()
+        if obj.is_shared():
+            return None  # a worker's shared memory: its descriptor travels, no copy
         offset = self._offsets.get(id(obj))
         if offset is None:
             offset = self._offsets[id(obj)] = self.end
             self.placed.append((obj, offset))  # also keeps id(obj) unique while pickling
             self.end = _aligned(offset + obj.nbytes())
-        return offset, obj.nbytes()
+        return _REST, offset, obj.nbytes()
 
 
-class SlabReader:
-    """Trainer side of the hand-off: copies each batch out of its slab, returns the slot.
+class PoolReader:
+    """Trainer side: maps blocks once, rebuilds storages as leased views, returns blocks.
 
-    Holds the slabs the collate process sent (one per slot) until :meth:`close`. A
-    decoded batch owns its memory: it shares nothing with the slab, so the consumer may
-    keep it after the slot is reused.
+    A block's lease ends when the last tensor over it is freed (in whatever thread); its
+    id is queued then and sent by :meth:`flush`, which the transport calls on every
+    receive, so nothing is sent from a finalizer.
     """
 
-    def __init__(self, returns: Connection, slots: int) -> None:
+    def __init__(self, returns: Connection) -> None:
         self._returns = returns
-        self._slabs: list[torch.Tensor | None] = [None] * slots
+        self._blocks: dict[int, torch.Tensor] = {}
+        self._ended: collections.deque[int] = collections.deque()
 
-    def decode(self, slot: int, fresh: torch.Tensor | None, blob: bytes) -> Any:
-        """The batch pickled in ``blob`` over slot ``slot`` (whose slab is ``fresh`` if new)."""
-        if fresh is not None:
-            self._slabs[slot] = fresh
-        try:
-            return _SlabUnpickler(io.BytesIO(blob), self._slabs[slot]).load()
-        finally:
+    def decode(
+        self, new: list[tuple[int, torch.Tensor]], rest_block: int | None, blob: bytes
+    ) -> Any:
+        """The batch pickled in ``blob``; ``new`` are blocks that arrived with it."""
+        self._blocks.update(new)
+        batch = _PoolUnpickler(io.BytesIO(blob), self._lease, rest_block).load()
+        self.flush()
+        return batch
+
+    def flush(self) -> None:
+        """Send the ids of the blocks whose lease ended."""
+        while self._ended:
+            block = self._ended.popleft()
             with contextlib.suppress(OSError):  # the collate process is gone
-                self._returns.send_bytes(slot.to_bytes(4, "little"))
+                self._returns.send_bytes(block.to_bytes(8, "little"))
 
     def end_epoch(self) -> None:
-        """Drop the slabs at an epoch's end (every batch before it was decoded)."""
-        self._slabs = [None] * len(self._slabs)
+        """Drop the mappings at an epoch's end (leased tensors keep their memory)."""
+        self._blocks = {}
 
     def close(self) -> None:
-        """Drop the slabs (their memory goes with the last holder) and the return pipe."""
-        self._slabs = []
+        """Drop the mappings (memory goes with the last holder) and the return pipe."""
+        self._blocks = {}
+        self._ended.clear()
         self._returns.close()
 
+    def _lease(self, block: int) -> np.ndarray:
+        """A byte array over ``block`` whose death ends the block's lease."""
+        lease = _Lease(self._blocks[block])
+        weakref.finalize(lease, self._ended.append, block)
+        return np.asarray(lease)
 
-class _SlabUnpickler(pickle.Unpickler):
-    """Rebuilds each slab storage as a private copy (views of one storage stay shared)."""
 
-    def __init__(self, file: Any, slab: torch.Tensor | None) -> None:
+class _Lease:
+    """Exposes a block's bytes to numpy; arrays and tensors built on it keep it alive."""
+
+    def __init__(self, block: torch.Tensor) -> None:
+        self._block = block
+        self.__array_interface__ = {
+            "shape": (block.numel(),),
+            "typestr": "|u1",
+            "data": (block.data_ptr(), False),
+            "version": 3,
+        }
+
+
+class _PoolUnpickler(pickle.Unpickler):
+    """Rebuilds each block storage as a view of its leased block (views stay shared)."""
+
+    def __init__(self, file: Any, lease: Any, rest_block: int | None) -> None:
         super().__init__(file)
-        self._slab = slab
-        self._storages: dict[int, torch.UntypedStorage] = {}
+        self._lease = lease
+        self._rest_block = rest_block
+        self._leases: dict[int, np.ndarray] = {}
+        self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
 
-    def persistent_load(self, pid: tuple[int, int]) -> torch.UntypedStorage:
-        offset, nbytes = pid
-        storage = self._storages.get(offset)
+    def persistent_load(self, pid: tuple[int, int, int]) -> torch.UntypedStorage:
+        block, offset, nbytes = pid
+        if block == _REST:
+            assert self._rest_block is not None, "a batch referred to a rest block it lacks"
+            block = self._rest_block
+        storage = self._storages.get((block, offset))
         if storage is None:
-            assert self._slab is not None, "a batch arrived over a slot with no slab"
-            copy = torch.empty(nbytes, dtype=torch.uint8)
-            _copy(self._slab.numpy()[offset : offset + nbytes], copy.numpy())
-            storage = self._storages[offset] = copy.untyped_storage()
+            if block not in self._leases:
+                self._leases[block] = self._lease(block)
+            view = self._leases[block][offset : offset + nbytes]
+            storage = self._storages[(block, offset)] = torch.from_numpy(view).untyped_storage()
         return storage

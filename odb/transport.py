@@ -7,7 +7,7 @@ which owns the lifecycle (deadlines, stall detection, the error contract) on top
 - :class:`ProcessTransport`: one spawned collate process for many epochs
   (:mod:`odb.collate_process`); the user's parts arrive once, after the start, through
   the start-up handshake (:mod:`odb.startup`), then one job per epoch on the same pipe;
-  batches cross through reusable shared-memory slabs (:mod:`odb.handoff`).
+  batches cross in reusable shared-memory blocks leased to the trainer (:mod:`odb.handoff`).
 - :class:`ThreadTransport`: a daemon thread in the trainer per epoch, batches passed as
   they are (for debugging and ``num_workers=0``; the same semantics).
 """
@@ -28,7 +28,7 @@ from odb.comm import Rendezvous
 from odb.config import ODBConfig
 from odb.diagnostics import death_message, remove_shm_of
 from odb.engine import EpochJob
-from odb.handoff import SlabReader
+from odb.handoff import PoolReader
 from odb.startup import JobSender, main_guard_error, unguarded_main_line
 
 
@@ -129,7 +129,7 @@ class ThreadTransport:
 
 
 class ProcessTransport:
-    """The collate side in a spawned process that runs many epochs; batches through slabs."""
+    """The collate side in a spawned process that runs many epochs; batches in pool blocks."""
 
     def __init__(
         self,
@@ -150,7 +150,6 @@ class ProcessTransport:
         self._ready: Any = ctx.Event()
         returns, returns_here = ctx.Pipe(duplex=False)
         jobs_in, jobs_out = ctx.Pipe(duplex=False)
-        slots = config.queue_depth + 2
         self._process: Any = ctx.Process(
             target=process_entry,
             name=f"odb-collate-rank{rank}",
@@ -163,10 +162,9 @@ class ProcessTransport:
                 self.heartbeat,
                 trainer_start_method(),
                 returns,
-                slots,
             ),
         )
-        self._slabs = SlabReader(returns_here, slots)
+        self._blocks = PoolReader(returns_here)
         self._process.start()
         returns.close()  # the collate process holds its own ends
         jobs_in.close()
@@ -178,13 +176,14 @@ class ProcessTransport:
 
     def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
         """The next message; a batch arrives as ``("step", batch)`` as in a thread."""
+        self._blocks.flush()  # blocks whose batches the consumer has dropped go back
         try:
             data = self._queue.get(timeout=timeout_s)
             message = ForkingPickler.loads(data)
-            if message[0] == "slab":
-                message = ("step", self._slabs.decode(*message[1]))
+            if message[0] == "pooled":
+                message = ("step", self._blocks.decode(*message[1]))
             elif message[0] == "end":
-                self._slabs.end_epoch()
+                self._blocks.end_epoch()
             return message
         except queue.Empty:
             raise
@@ -224,7 +223,7 @@ class ProcessTransport:
                 process.join(2.0)
         self._queue.cancel_join_thread()
         self._queue.close()
-        self._slabs.close()
+        self._blocks.close()
         if isinstance(process.exitcode, int) and process.exitcode < 0:
             remove_shm_of(process.pid)
 

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import odb.collate as collate
 from odb.collate import SHARED_MIN_BYTES, PadCollate, batch_cat, batch_empty
+from odb.handoff import BlockPool
 
 BIG = SHARED_MIN_BYTES // 4  # float32 elements of one shared-size field
 
 
 @pytest.fixture
-def collate_process() -> object:
-    collate.share_batches(True)
-    yield
-    collate.share_batches(False)
+def collate_process() -> Iterator[BlockPool]:
+    """This process as an ODB collate process: batch fields come from its pool."""
+    returns, _ = multiprocessing.Pipe(duplex=False)
+    pool = BlockPool(returns)
+    collate.share_batches(pool)
+    yield pool
+    collate.share_batches(None)
+
+
+def _in_pool(pool: BlockPool, tensor: torch.Tensor) -> bool:
+    return any(
+        b.data_ptr() <= tensor.data_ptr() < b.data_ptr() + b.numel()
+        for b in pool._blocks.values()
+    )
 
 
 def test_in_the_trainer_nothing_is_shared() -> None:
@@ -25,16 +39,19 @@ def test_in_the_trainer_nothing_is_shared() -> None:
     assert not batch_cat([torch.ones(BIG), torch.ones(BIG)]).is_shared()
 
 
-def test_in_a_collate_process_big_fields_are_shared_small_ones_not(collate_process: object) -> None:
+def test_in_a_collate_process_big_fields_come_from_the_pool_small_ones_not(
+    collate_process: BlockPool,
+) -> None:
     parts = [torch.randn(BIG // 2, 4), torch.randn(BIG // 4, 4)]
     out = batch_cat(parts)
-    assert out.is_shared() and out.is_contiguous()
+    assert _in_pool(collate_process, out) and out.is_contiguous()
     assert torch.equal(out, torch.cat(parts)) and out.dtype == torch.float32
-    assert not batch_cat([torch.ones(3), torch.ones(2)]).is_shared()
-    assert batch_empty((2, BIG), torch.bfloat16).shape == (2, BIG)
+    assert not _in_pool(collate_process, batch_cat([torch.ones(3), torch.ones(2)]))
+    half = batch_empty((2, BIG), torch.bfloat16)
+    assert half.shape == (2, BIG) and _in_pool(collate_process, half)
 
 
-def test_mixed_inputs_fall_back_to_torch_cat(collate_process: object) -> None:
+def test_mixed_inputs_fall_back_to_torch_cat(collate_process: BlockPool) -> None:
     parts = [torch.ones(BIG, dtype=torch.int32), torch.ones(BIG, dtype=torch.int64)]
     out = batch_cat(parts)
     assert out.dtype == torch.int64 and torch.equal(out, torch.cat(parts))
@@ -42,15 +59,16 @@ def test_mixed_inputs_fall_back_to_torch_cat(collate_process: object) -> None:
         batch_cat([])
 
 
-def test_pad_collate_builds_big_fields_shared_in_a_collate_process(
-    collate_process: object,
+def test_pad_collate_builds_big_fields_in_the_pool_in_a_collate_process(
+    collate_process: BlockPool,
 ) -> None:
     samples = [
         {"input_ids": torch.tensor([1, 2]), "pixel_values": torch.randn(BIG // 8, 8)}
         for _ in range(3)
     ]
     batch = PadCollate()(samples)
-    assert batch["pixel_values"].is_shared() and not batch["input_ids"].is_shared()
+    assert _in_pool(collate_process, batch["pixel_values"])
+    assert not _in_pool(collate_process, batch["input_ids"])
     assert torch.equal(batch["pixel_values"], torch.cat([s["pixel_values"] for s in samples]))
 
 
@@ -71,3 +89,17 @@ def test_in_a_dataloader_worker_the_batch_is_built_shared() -> None:
     loader = DataLoader(_Pixels(), batch_size=2, num_workers=1, collate_fn=_shared_flags)
     ((shared_in_worker, out),) = list(loader)
     assert shared_in_worker and torch.equal(out[BIG:], torch.ones(BIG))
+
+
+def _uses_a_pool(batch: list[torch.Tensor]) -> tuple[bool, bool]:
+    return collate._own_pool() is not None, batch_cat(batch).is_shared()
+
+
+def test_a_worker_forked_from_a_collate_process_does_not_use_its_pool(
+    collate_process: BlockPool,
+) -> None:
+    ctx = multiprocessing.get_context("fork")
+    loader = DataLoader(
+        _Pixels(), batch_size=2, num_workers=1, collate_fn=_uses_a_pool, multiprocessing_context=ctx
+    )
+    assert list(loader) == [(False, True)]  # new shared memory, as default_collate's

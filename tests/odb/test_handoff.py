@@ -1,13 +1,15 @@
-"""The slab hand-off alone: :class:`odb.handoff.SlabWriter` and :class:`odb.handoff.SlabReader`.
+"""The process-mode hand-off alone: pool blocks leased to the trainer, in one process.
 
-Both ends run in one process over a real pipe, with real shared-memory slabs.
+The writer (collate side) and the reader (trainer side) talk over a real pipe; the
+queue in between is replaced by passing the encoded bytes on. End to end through a
+collate process: ``tests/odb/test_runner.py``.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import pickle
-import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -16,32 +18,47 @@ import torch
 
 import odb
 import odb.handoff as handoff
-from odb.handoff import SlabReader, SlabWriter
+from odb.collate import share_batches
+from odb.handoff import PoolReader, PoolWriter
 from odb.step_info import StepInfo
 
 
-def _pair(slots: int = 3) -> tuple[SlabWriter, SlabReader]:
+def _pair() -> tuple[PoolWriter, PoolReader]:
     reader_end, writer_end = multiprocessing.Pipe(duplex=False)
-    return SlabWriter(reader_end, slots), SlabReader(writer_end, slots)
+    return PoolWriter(reader_end), PoolReader(writer_end)
 
 
-def _send(writer: SlabWriter, batch: Any) -> tuple[str, Any]:
-    blob = writer.encode(("step", batch), threading.Event())
-    assert blob is not None
-    return ForkingPickler.loads(blob)
+def _send(writer: PoolWriter, batch: Any) -> tuple[list[tuple[int, torch.Tensor]], Any, bytes]:
+    kind, payload = ForkingPickler.loads(writer.encode(("step", batch)))
+    assert kind == "pooled"
+    return payload
 
 
-def _hand_over(writer: SlabWriter, reader: SlabReader, batch: Any) -> Any:
-    kind, payload = _send(writer, batch)
-    assert kind == "slab"
-    return reader.decode(*payload)
+def _hand_over(writer: PoolWriter, reader: PoolReader, batch: Any) -> Any:
+    return reader.decode(*_send(writer, batch))
+
+
+def _in_block(reader: PoolReader, tensor: torch.Tensor) -> int | None:
+    """The id of the trainer-side block ``tensor``'s memory lies in, if any."""
+    address = tensor.data_ptr()
+    for block, mapped in reader._blocks.items():
+        if mapped.data_ptr() <= address < mapped.data_ptr() + mapped.numel():
+            return block
+    return None
+
+
+def _settle(writer: PoolWriter, reader: PoolReader) -> None:
+    """Whatever the trainer let go of reaches the writer."""
+    gc.collect()
+    reader.flush()
+    writer.pool.collect()
 
 
 def _info() -> StepInfo:
     return StepInfo(0, 0, 0, False, (3, 1), 2, 2, 5, 5, 5, 5.0, 1, 0)
 
 
-def test_round_trip_keeps_values_views_and_other_fields() -> None:
+def test_round_trip_keeps_values_views_and_other_fields_without_a_copy() -> None:
     writer, reader = _pair()
     ids = torch.arange(12).view(3, 4)
     batch = {
@@ -59,72 +76,92 @@ def test_round_trip_keeps_values_views_and_other_fields() -> None:
     assert out["half"].dtype == torch.bfloat16 and out["grad"].requires_grad
     assert out["empty"].shape == (0, 5) and out["names"] == ["a", "b"]
     assert out[odb.STEP_INFO_KEY] == _info()
-    out["input_ids"][1, 0] = -1  # still views of one storage, and a private copy
+    assert _in_block(reader, out["input_ids"]) is not None  # a view of the block: no copy
+    out["input_ids"][1, 0] = -1  # still views of one storage; the sender's is untouched
     assert out["view"][0, 0] == -1 and ids[1, 0] == 4
-    assert not out["input_ids"].is_shared()
 
 
-def test_slot_reuse_leaves_a_held_batch_intact() -> None:
-    writer, reader = _pair(slots=1)
+def test_a_field_built_in_the_pool_crosses_in_its_own_block() -> None:
+    writer, reader = _pair()
+    share_batches(writer.pool)
+    try:
+        pixels = odb.batch_cat([torch.randn(40_000, 4), torch.randn(30_000, 4)])
+    finally:
+        share_batches(None)
+    expected = pixels.clone()
+    new, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
+    assert len(new) == 2 and rest is not None  # the pixels' block and the rest block
+    out = reader.decode(new, rest, blob)
+    assert torch.equal(out["pixels"], expected)
+    assert _in_block(reader, out["pixels"]) not in (None, rest)
+
+
+def test_a_held_batch_keeps_its_block_and_a_dropped_one_is_reused() -> None:
+    writer, reader = _pair()
     held = [_hand_over(writer, reader, {"x": torch.full((1000,), step)}) for step in range(5)]
+    assert len(writer.pool._blocks) == 5  # the consumer keeps them all: nothing waits
     assert [int(b["x"].unique()) for b in held] == list(range(5))
+    del held
+    _settle(writer, reader)
+    new, _, blob = _send(writer, {"x": torch.zeros(10)})
+    assert new == [] and len(writer.pool._blocks) == 5  # a returned block, reused
+    assert torch.equal(reader.decode(new, _, blob)["x"], torch.zeros(10))
 
 
-def test_a_slot_is_not_reused_before_the_trainer_returns_it() -> None:
-    writer, reader = _pair(slots=3)
-    first, second = (_send(writer, {"x": torch.zeros(4)}) for _ in range(2))
-    assert (first[1][0], second[1][0]) == (0, 1)
-    reader.decode(*second[1])  # slot 1 comes back; the lowest free slot is taken
-    assert _send(writer, {"x": torch.zeros(4)})[1][0] == 1
+def test_a_block_is_not_reused_while_the_trainer_holds_it() -> None:
+    writer, reader = _pair()
+    first = _hand_over(writer, reader, {"x": torch.ones(100)})
+    _settle(writer, reader)
+    second = _hand_over(writer, reader, {"x": torch.zeros(100)})
+    assert _in_block(reader, first["x"]) != _in_block(reader, second["x"])
+    assert torch.equal(first["x"], torch.ones(100))
 
 
-def test_a_bigger_batch_grows_the_slab_once() -> None:
-    writer, reader = _pair(slots=1)
-    small = _send(writer, {"x": torch.zeros(10)})
-    assert small[1][1].numel() == handoff.SLAB_MIN_BYTES  # a new slab travels once
-    reader.decode(*small[1])
-    big = torch.arange(2 * handoff.SLAB_MIN_BYTES // 8)  # twice the first slab
-    kind, payload = _send(writer, {"x": big})
-    assert kind == "slab" and payload[1].numel() >= big.numel() * 8
-    assert torch.equal(reader.decode(*payload)["x"], big)
-    again = _send(writer, {"x": torch.zeros(10)})
-    assert again[1][1] is None  # the grown slab stays
-
-
-def test_a_batch_over_the_cap_takes_torch_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handoff, "SLAB_MAX_BYTES", 1024)
-    writer, reader = _pair(slots=1)
-    big = torch.arange(1000)
-    kind, batch = _send(writer, {"x": big, "n": 3})
-    assert kind == "step" and torch.equal(batch["x"], big) and batch["n"] == 3
-    assert writer._free == {0}  # the slot was not used
-    assert torch.equal(_hand_over(writer, reader, {"x": torch.arange(10)})["x"], torch.arange(10))
-
-
-def test_an_unpicklable_batch_raises_and_frees_its_slot() -> None:
-    writer, _ = _pair(slots=1)
+def test_an_unpicklable_batch_raises_and_leaves_no_lease() -> None:
+    writer, reader = _pair()
+    share_batches(writer.pool)
+    try:
+        big = odb.batch_empty((100_000,))
+    finally:
+        share_batches(None)
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
-        writer.encode(("step", {"f": lambda: 0}), threading.Event())
-    assert writer._free == {0}
+        writer.encode(("step", {"big": big, "f": lambda: 0}))
+    del big
+    _settle(writer, reader)
+    assert writer.pool._holders == {}
 
 
-def test_waiting_for_a_slot_ends_when_stopped_or_the_trainer_is_gone() -> None:
-    writer, reader = _pair(slots=1)
-    _send(writer, {"x": torch.zeros(1)})
-    stop = threading.Event()
-    stop.set()
-    assert writer.encode(("step", {"x": torch.zeros(1)}), stop) is None
-    reader.close()
-    assert writer.encode(("step", {"x": torch.zeros(1)}), threading.Event()) is None
-
-
-def test_a_shared_storage_crosses_by_descriptor_without_a_slab_copy() -> None:
-    writer, reader = _pair(slots=1)
-    pixels = torch.randn(1000).share_memory_()
-    kind, payload = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
-    assert kind == "slab" and payload[1].numel() == handoff.SLAB_MIN_BYTES  # ids only
-    out = reader.decode(*payload)
+def test_a_shared_storage_from_elsewhere_crosses_by_descriptor() -> None:
+    writer, reader = _pair()
+    pixels = torch.randn(1000).share_memory_()  # as a DataLoader worker sends a sample
+    new, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
+    assert [block for block, _ in new] == [rest]  # only the ids were copied
+    out = reader.decode(new, rest, blob)
     assert out["pixels"].is_shared() and torch.equal(out["pixels"], pixels)
-    assert not out["ids"].is_shared() and torch.equal(out["ids"], torch.arange(4))
-    pixels.zero_()  # the same memory, handed over: the writer built it for the trainer
+    pixels.zero_()  # the same memory, handed over
     assert torch.equal(out["pixels"], torch.zeros(1000))
+
+
+def test_the_epochs_end_drops_free_blocks_and_sends_the_rest_anew() -> None:
+    writer, reader = _pair()
+    kept = _hand_over(writer, reader, {"x": torch.ones(10)})
+    dropped = _hand_over(writer, reader, {"x": torch.ones(10)})
+    del dropped
+    _settle(writer, reader)
+    writer.end_epoch()
+    reader.end_epoch()
+    assert len(writer.pool._blocks) == 1  # the free one went; the kept one is leased
+    del kept
+    _settle(writer, reader)
+    new, rest, blob = _send(writer, {"x": torch.zeros(10)})
+    assert [block for block, _ in new] == [rest]  # mapped anew after the epoch's end
+    assert torch.equal(reader.decode(new, rest, blob)["x"], torch.zeros(10))
+
+
+def test_at_most_max_free_blocks_stay_free() -> None:
+    writer, reader = _pair()
+    held = [_hand_over(writer, reader, {"x": torch.ones(10)}) for _ in range(12)]
+    del held
+    _settle(writer, reader)
+    _hand_over(writer, reader, {"x": torch.ones(handoff.BLOCK_MIN_BYTES)})  # fits none
+    assert len(writer.pool._blocks) <= handoff.MAX_FREE_BLOCKS

@@ -1,8 +1,8 @@
-"""The collate runner end to end: the worker hop (inline pickles) and the slab hand-off.
+"""The collate runner end to end: the worker hop (inline pickles) and the block hand-off.
 
 These run ``ODBLoader`` with a real collate process and check what a consumer holds,
 big batches, unpicklable samples, killed workers, a clean exit, and that nothing grows
-over epochs. The slab writer and reader alone: ``tests/odb/test_handoff.py``.
+over epochs. The hand-off's writer and reader alone: ``tests/odb/test_handoff.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 
 import odb
 import odb.diagnostics as diagnostics
-import odb.handoff as handoff
 from odb.collate import PadCollate
 from odb.config import ODBConfig
 from odb.engine import EpochJob, SampleMeter
@@ -121,18 +120,18 @@ def _check_batch(batch: dict[str, Any], info: StepInfo) -> None:
         assert torch.equal(batch["input_ids"][row, :width], torch.full((width,), index))
 
 
-def test_held_batches_stay_intact_across_slot_reuse() -> None:
+def test_held_batches_stay_intact_while_blocks_are_reused() -> None:
     loader = odb.ODBLoader(KeyedDataset(300), token_budget=24, num_workers=1, queue_depth=1)
-    held = [(b, odb.pop_step_info(b)) for b in loader]  # every slot is reused many times
+    held = [(b, odb.pop_step_info(b)) for b in loader]  # held: their blocks are not reused
     assert sorted(i for _, info in held for i in info.sample_ids) == list(range(300))
     for batch, info in held:
         _check_batch(batch, info)
 
 
-def test_big_batches_grow_slabs_or_bypass_them() -> None:
-    cap_floats = handoff.SLAB_MAX_BYTES // 4
-    pixels = {i: 100_000 for i in range(40)}  # 400 KB a sample: slabs must grow
-    pixels[7] = cap_floats + 1  # one batch over the cap: torch's shared memory
+def test_big_batches_of_any_size_cross_intact() -> None:
+    """400 KB a sample (blocks must grow), and one batch of over 16 MiB."""
+    pixels = {i: 100_000 for i in range(40)}
+    pixels[7] = (16 << 20) // 4 + 1
     dataset = KeyedDataset(40, pixels)
     loader = odb.ODBLoader(dataset, token_budget=40, num_workers=2, queue_depth=2)
     seen = []
