@@ -32,9 +32,9 @@ import torch
 
 from odb.sources import reduce_plain_tensor, storage_bytes
 
-# A new block gets room to grow (x1.25, at least BLOCK_MIN_BYTES); a free block is
-# reused for a request of at least half its size (any request, for the smallest blocks);
-# at most MAX_FREE_BLOCKS stay free.
+# Blocks come in power-of-two sizes from BLOCK_MIN_BYTES, so a freed block fits most
+# later requests of its class; a request takes the smallest free block that holds it;
+# at most MAX_FREE_BLOCKS stay free (the smallest go first).
 BLOCK_MIN_BYTES = 1 << 20
 MAX_FREE_BLOCKS = 8
 # Storages start on ALIGN-byte boundaries within a block.
@@ -65,8 +65,7 @@ class BlockPool:
         """A ``uint8`` tensor over a whole free block of at least ``nbytes`` bytes."""
         self.collect()
         free = [b for b in self._blocks if b not in self._holders]
-        most = _aligned(max(BLOCK_MIN_BYTES, 2 * nbytes))
-        fits = [b for b in free if nbytes <= self._blocks[b].numel() <= most]
+        fits = [b for b in free if nbytes <= self._blocks[b].numel()]
         if fits:
             block = min(fits, key=lambda b: self._blocks[b].numel())
         else:
@@ -115,7 +114,7 @@ class BlockPool:
         for block in sorted(free, key=lambda b: self._blocks[b].numel())[: -MAX_FREE_BLOCKS + 1]:
             del self._blocks[block]  # keep at most MAX_FREE_BLOCKS - 1 free ones
             self._sent.discard(block)
-        size = _aligned(max(BLOCK_MIN_BYTES, nbytes * 5 // 4))
+        size = max(BLOCK_MIN_BYTES, 1 << (nbytes - 1).bit_length())
         block, self._next_id = self._next_id, self._next_id + 1
         storage = torch.UntypedStorage._new_shared(size)  # as default_collate does in workers
         self._blocks[block] = torch.empty(0, dtype=torch.uint8).set_(storage)
