@@ -25,6 +25,8 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 * ``samples_per_s``: samples emitted on all ranks / the slowest rank's wall-clock,
   measured from just before ``iter()`` (so the collate process's start, the workers'
   start and the first grouping window are inside) to the last batch;
+* ``samples_per_s_per_epoch``: the same for each epoch alone (a later epoch runs on the
+  collate process the first one started);
 * ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
 * ``peak_uss_mb``: the peak over time of the USS summed over every process the cell
   started (ranks, DataLoader workers, collate processes), **sampled** by a background
@@ -336,6 +338,7 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": samples,
         "samples_per_s": round(samples / wall, 2) if wall > 0 else None,
         "wall_s": round(wall, 3),
+        "samples_per_s_per_epoch": [_epoch_rate(ranks, e) for e in range(epochs)],
         "first_batch_s": max(r["epochs"][0]["first_batch_s"] or 0.0 for r in ranks),
         "first_batch_s_per_epoch": [
             max(r["epochs"][e]["first_batch_s"] or 0.0 for r in ranks) for e in range(epochs)
@@ -361,6 +364,13 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         ],
     }
     return out
+
+
+def _epoch_rate(ranks: list[dict[str, Any]], epoch: int) -> float | None:
+    """Epoch ``epoch``'s samples of all ranks / its slowest rank's wall clock (from iter())."""
+    wall = max(r["epochs"][epoch]["wall_s"] for r in ranks)
+    samples = sum(r["epochs"][epoch]["samples"] for r in ranks)
+    return round(samples / wall, 2) if wall > 0 else None
 
 
 def _collate_cpu_us(ranks: list[dict[str, Any]], samples: int) -> float | None:

@@ -48,6 +48,7 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert 0 < r["padding_efficiency"] <= 1
         assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["memory_samples"] > 0
         assert r["samples_per_s"] > 0 and 0 <= r["first_batch_s"] <= r["wall_s"]
+        assert r["samples_per_s_per_epoch"] == [r["samples_per_s"]]  # one epoch
     assert plain["steps"] == SAMPLES and plain["padding_efficiency"] == 1.0
     assert 1 <= odb["steps"] <= plain["steps"] and thread["steps"] == odb["steps"]
     assert plain["collate_cpu_us_per_sample"] is None
