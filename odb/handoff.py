@@ -59,6 +59,7 @@ class BlockPool:
         self._by_address: dict[int, int] = {}  # data_ptr of a held block -> its id
         self._done: collections.deque[int] = collections.deque()  # collate side let go
         self._sent: set[int] = set()  # blocks the trainer has mapped
+        self._dropped: list[int] = []  # dropped since the trainer last heard, still mapped there
         self._next_id = 0
 
     def empty(self, nbytes: int) -> torch.Tensor:
@@ -86,6 +87,11 @@ class BlockPool:
         """End one lease of ``block`` (the trainer returned it, or it was never sent)."""
         self._let_go(block)
 
+    def take_dropped(self) -> list[int]:
+        """The blocks dropped since the last call that the trainer still maps."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
     def first_use(self, block: int) -> torch.Tensor | None:
         """The block's tensor if the trainer has not mapped it yet (then it has)."""
         if block in self._sent:
@@ -109,11 +115,14 @@ class BlockPool:
         for block in [b for b in self._blocks if b not in self._holders]:
             del self._blocks[block]
         self._sent.clear()
+        self._dropped.clear()
 
     def _allocate(self, nbytes: int, free: list[int]) -> int:
         for block in sorted(free, key=lambda b: self._blocks[b].numel())[: -MAX_FREE_BLOCKS + 1]:
             del self._blocks[block]  # keep at most MAX_FREE_BLOCKS - 1 free ones
-            self._sent.discard(block)
+            if block in self._sent:
+                self._sent.remove(block)
+                self._dropped.append(block)
         size = max(BLOCK_MIN_BYTES, 1 << (nbytes - 1).bit_length())
         block, self._next_id = self._next_id, self._next_id + 1
         storage = torch.UntypedStorage._new_shared(size)  # as default_collate does in workers
@@ -144,10 +153,11 @@ class PoolWriter:
     def encode(self, message: tuple[str, Any]) -> bytes:
         """``message`` pickled for the queue; a ``("step", batch)`` over the pool.
 
-        It becomes ``("pooled", (new blocks, rest block, pickle))``: the blocks the
-        trainer has not mapped yet travel (as descriptors) with it, and the rest block
-        holds the batch's small storages (None without any). Other messages are pickled
-        as they are.
+        It becomes ``("pooled", (new blocks, dropped blocks, rest block, pickle))``: the
+        blocks the trainer has not mapped yet travel (as descriptors) with it, the ids
+        of blocks the pool dropped since the last batch tell the trainer to unmap them,
+        and the rest block holds the batch's small storages (None without any). Other
+        messages are pickled as they are.
         """
         kind, batch = message
         if kind != "step":
@@ -171,7 +181,8 @@ class PoolWriter:
                 _copy(storage_bytes(storage).numpy(), target[offset : offset + storage.nbytes()])
             used.add(rest_block)
         new = [(b, t) for b in sorted(used) if (t := self.pool.first_use(b)) is not None]
-        return bytes(ForkingPickler.dumps(("pooled", (new, rest_block, buffer.getvalue()))))
+        payload = (new, self.pool.take_dropped(), rest_block, buffer.getvalue())
+        return bytes(ForkingPickler.dumps(("pooled", payload)))
 
     def end_epoch(self) -> None:
         """After an epoch's end was sent: drop the free blocks (BlockPool.end_epoch)."""
@@ -253,9 +264,16 @@ class PoolReader:
         self._ended: collections.deque[int] = collections.deque()
 
     def decode(
-        self, new: list[tuple[int, torch.Tensor]], rest_block: int | None, blob: bytes
+        self,
+        new: list[tuple[int, torch.Tensor]],
+        dropped: list[int],
+        rest_block: int | None,
+        blob: bytes,
     ) -> Any:
-        """The batch pickled in ``blob``; ``new`` are blocks that arrived with it."""
+        """The batch pickled in ``blob``; ``new`` are blocks that arrived with it, and
+        the pool dropped ``dropped`` (leased tensors over them keep their memory)."""
+        for block in dropped:
+            self._blocks.pop(block, None)
         self._blocks.update(new)
         batch = _PoolUnpickler(io.BytesIO(blob), self._lease, rest_block).load()
         self.flush()

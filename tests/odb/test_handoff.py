@@ -28,7 +28,7 @@ def _pair() -> tuple[PoolWriter, PoolReader]:
     return PoolWriter(reader_end), PoolReader(writer_end)
 
 
-def _send(writer: PoolWriter, batch: Any) -> tuple[list[tuple[int, torch.Tensor]], Any, bytes]:
+def _send(writer: PoolWriter, batch: Any) -> tuple[Any, ...]:
     kind, payload = ForkingPickler.loads(writer.encode(("step", batch)))
     assert kind == "pooled"
     return payload
@@ -89,9 +89,9 @@ def test_a_field_built_in_the_pool_crosses_in_its_own_block() -> None:
     finally:
         share_batches(None)
     expected = pixels.clone()
-    new, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
+    new, dropped, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
     assert len(new) == 2 and rest is not None  # the pixels' block and the rest block
-    out = reader.decode(new, rest, blob)
+    out = reader.decode(new, dropped, rest, blob)
     assert torch.equal(out["pixels"], expected)
     assert _in_block(reader, out["pixels"]) not in (None, rest)
 
@@ -103,9 +103,9 @@ def test_a_held_batch_keeps_its_block_and_a_dropped_one_is_reused() -> None:
     assert [int(b["x"].unique()) for b in held] == list(range(5))
     del held
     _settle(writer, reader)
-    new, _, blob = _send(writer, {"x": torch.zeros(10)})
+    new, dropped, rest, blob = _send(writer, {"x": torch.zeros(10)})
     assert new == [] and len(writer.pool._blocks) == 5  # a returned block, reused
-    assert torch.equal(reader.decode(new, _, blob)["x"], torch.zeros(10))
+    assert torch.equal(reader.decode(new, dropped, rest, blob)["x"], torch.zeros(10))
 
 
 def test_a_block_is_not_reused_while_the_trainer_holds_it() -> None:
@@ -134,9 +134,9 @@ def test_an_unpicklable_batch_raises_and_leaves_no_lease() -> None:
 def test_a_shared_storage_from_elsewhere_crosses_by_descriptor() -> None:
     writer, reader = _pair()
     pixels = torch.randn(1000).share_memory_()  # as a DataLoader worker sends a sample
-    new, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
+    new, dropped, rest, blob = _send(writer, {"pixels": pixels, "ids": torch.arange(4)})
     assert [block for block, _ in new] == [rest]  # only the ids were copied
-    out = reader.decode(new, rest, blob)
+    out = reader.decode(new, dropped, rest, blob)
     assert out["pixels"].is_shared() and torch.equal(out["pixels"], pixels)
     pixels.zero_()  # the same memory, handed over
     assert torch.equal(out["pixels"], torch.zeros(1000))
@@ -153,15 +153,16 @@ def test_the_epochs_end_drops_free_blocks_and_sends_the_rest_anew() -> None:
     assert len(writer.pool._blocks) == 1  # the free one went; the kept one is leased
     del kept
     _settle(writer, reader)
-    new, rest, blob = _send(writer, {"x": torch.zeros(10)})
+    new, dropped, rest, blob = _send(writer, {"x": torch.zeros(10)})
     assert [block for block, _ in new] == [rest]  # mapped anew after the epoch's end
-    assert torch.equal(reader.decode(new, rest, blob)["x"], torch.zeros(10))
+    assert torch.equal(reader.decode(new, dropped, rest, blob)["x"], torch.zeros(10))
 
 
-def test_at_most_max_free_blocks_stay_free() -> None:
+def test_at_most_max_free_blocks_stay_free_and_the_trainer_unmaps_the_dropped() -> None:
     writer, reader = _pair()
     held = [_hand_over(writer, reader, {"x": torch.ones(10)}) for _ in range(12)]
     del held
     _settle(writer, reader)
     _hand_over(writer, reader, {"x": torch.ones(handoff.BLOCK_MIN_BYTES)})  # fits none
     assert len(writer.pool._blocks) <= handoff.MAX_FREE_BLOCKS
+    assert set(reader._blocks) == set(writer.pool._blocks)  # nothing dropped stays mapped
