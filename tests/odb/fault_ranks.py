@@ -395,6 +395,7 @@ def fault_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
         report["victim_children_gone_s"] = victim_children_gone(plan.stamp_dir)
     report["started"] = started
     report["ended"] = time.time()
+    wait_for_peer_reports(rank, world_size, plan)
     report["children_before"] = children_before
     # With the loader still alive: after an error or a break its collate side is gone;
     # after clean epochs only its idle collate process (process mode) is left.
@@ -414,6 +415,28 @@ def fault_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
     report["shm_before"] = shm_before
     report["shm_after"] = shm_settle(shm_before)
     return report
+
+
+def wait_for_peer_reports(
+    rank: int, world_size: int, plan: FaultPlan, timeout_s: float = 20.0
+) -> None:
+    """Keep this rank's loader alive until every surviving rank has its error.
+
+    Rank 0's loader hosts the store that holds the failure notes peers quote in their
+    errors. In a real job rank 0 may exit first and a slow peer then reads "its collate
+    side is gone" instead of the note (best effort by design); the tests check the note,
+    so no rank tears its loader down before all have ended. A killed victim never ends.
+    """
+    if not plan.stamp_dir:
+        return
+    Path(plan.stamp_dir, f"ended.{rank}").touch()
+    killed = plan.victim if plan.kind in ("kill_trainer", "sigterm") else None
+    waiting = [r for r in range(world_size) if r != killed]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(Path(plan.stamp_dir, f"ended.{r}").exists() for r in waiting):
+            return
+        time.sleep(0.05)
 
 
 def shm_settle(baseline: set[str], timeout_s: float = 10.0) -> set[str]:
