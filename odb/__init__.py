@@ -26,7 +26,7 @@ from odb.checks import (
     check_state_keys,
     state_pieces,
 )
-from odb.collate import PadCollate, batch_cat, batch_empty
+from odb.collate import PadCollate, TensorParts, batch_cat, batch_empty, batch_parts
 from odb.comm import AlignmentGroup, AlignmentTimeoutError, open_rendezvous
 from odb.config import LoaderConfig, ODBConfig
 from odb.engine import PeerFailedError
@@ -52,10 +52,12 @@ __all__ = [
     "PeerFailedError",
     "StepInfo",
     "StepMetrics",
+    "TensorParts",
     "TokenBudget",
     "AccumulationNormalizer",
     "batch_cat",
     "batch_empty",
+    "batch_parts",
     "check_callables",
     "check_epoch",
     "check_int",

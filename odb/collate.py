@@ -10,6 +10,11 @@ user's): where the batch will cross to another process (an ODB collate process, 
 DataLoader worker, as ``torch.utils.data.default_collate`` does), a big field is built
 in shared memory at once (in an ODB collate process, in a reused block of the hand-off
 pool), so it crosses without another copy (``odb.handoff``).
+
+:func:`batch_parts` skips even that copy: the field stays a :class:`TensorParts` of the
+samples' own tensors (from a DataLoader worker they are in shared memory already and
+cross by descriptor) and is concatenated where it lands, by ``.to(device)``: on an
+accelerator that is a device-side copy, off the loader's CPU.
 """
 
 from __future__ import annotations
@@ -90,6 +95,113 @@ def batch_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat(list(tensors))
     shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
     return torch.cat(list(tensors), out=batch_empty(shape, first.dtype))
+
+
+class TensorParts:
+    """A batch field kept as its samples' tensors; one tensor once it is moved.
+
+    Stands for ``torch.cat(parts)`` (first dimension) without building it: ``shape``,
+    ``dtype`` and ``device`` are the concatenation's, :meth:`to` moves every part (the
+    same arguments as ``torch.Tensor.to``) and concatenates them there, returning a
+    ``torch.Tensor``, and :meth:`cat` concatenates in place. Training loops that move a
+    batch with ``value.to(device)`` (the project's, ``odb.integrations``, the HF
+    Trainer through ``odb.integrations.hf_trainer``) get the tensor. Pickles as its
+    parts, so parts in shared memory cross processes by descriptor, without a copy.
+
+    Invariants: at least one part; every part has at least one dimension and the same
+    dtype, device and trailing shape.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Sequence[torch.Tensor]) -> None:
+        parts = tuple(parts)
+        if not parts:
+            raise ValueError("TensorParts needs at least one tensor, got none")
+        first = parts[0]
+        for i, part in enumerate(parts):
+            if not isinstance(part, torch.Tensor) or part.dim() == 0:
+                what = "a 0-d tensor" if isinstance(part, torch.Tensor) else type(part).__name__
+                raise ValueError(
+                    f"TensorParts part {i} must be a tensor with at least one dimension, got {what}"
+                )
+            if (part.dtype, part.device, part.shape[1:]) != (
+                first.dtype,
+                first.device,
+                first.shape[1:],
+            ):
+                raise ValueError(
+                    f"TensorParts part {i} ({part.dtype}, {part.device}, trailing shape "
+                    f"{tuple(part.shape[1:])}) differs from part 0 ({first.dtype}, "
+                    f"{first.device}, {tuple(first.shape[1:])}); concatenate such "
+                    "tensors with torch.cat"
+                )
+        self.parts: tuple[torch.Tensor, ...] = parts
+
+    @property
+    def shape(self) -> torch.Size:
+        rows = sum(part.shape[0] for part in self.parts)
+        return torch.Size((rows, *self.parts[0].shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    def size(self, dim: int | None = None) -> torch.Size | int:
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return sum(part.numel() for part in self.parts)
+
+    def cat(self) -> torch.Tensor:
+        """``torch.cat(self.parts)`` (the one part itself when there is one)."""
+        return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)
+
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The concatenation, moved as ``torch.Tensor.to(*args, **kwargs)`` moves it.
+
+        Each part moves first and the concatenation happens where they arrive.
+        """
+        return TensorParts([part.to(*args, **kwargs) for part in self.parts]).cat()
+
+    def pin_memory(self) -> TensorParts:
+        """The parts in pinned memory (what a DataLoader's ``pin_memory`` calls)."""
+        return TensorParts([part.pin_memory() for part in self.parts])
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names a TensorParts lacks: say what to do instead of a bare miss
+        # deep inside a model's forward.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"TensorParts has no attribute {name!r}: it stands for torch.cat of its "
+            "parts until it is moved; call .to(device) (or .cat()) to get the tensor, as "
+            "a training loop does when it moves the batch"
+        )
+
+    def __reduce__(self) -> tuple[type[TensorParts], tuple[tuple[torch.Tensor, ...]]]:
+        return TensorParts, (self.parts,)
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorParts({len(self.parts)} parts, shape={tuple(self.shape)}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )
+
+
+def batch_parts(tensors: Sequence[torch.Tensor]) -> TensorParts:
+    """A field that stands for ``torch.cat(tensors)`` until it is moved (see
+    :class:`TensorParts`); 0-d tensors count as one row each.
+
+    Use it in a collate function for big per-sample fields (an image's
+    ``pixel_values``): the collate side then never copies them, and ``.to(device)``
+    concatenates them where the batch lands.
+    """
+    return TensorParts([t if t.dim() else t.reshape(1) for t in tensors])
 
 
 @dataclass(frozen=True)

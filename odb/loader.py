@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from odb.checks import check_callables, check_epoch
-from odb.collate import PadCollate
+from odb.collate import PadCollate, TensorParts
 from odb.comm import open_rendezvous
 from odb.config import ODBConfig
 from odb.detect import declared_shard
@@ -355,7 +355,7 @@ def _pin_batches(config: ODBConfig) -> bool:
 
 def _pinned(batch: Any) -> Any:
     """``batch`` with its tensors in page-locked memory (dicts, lists and tuples walked)."""
-    if isinstance(batch, torch.Tensor):
+    if isinstance(batch, (torch.Tensor, TensorParts)):
         return batch.pin_memory()
     if isinstance(batch, dict):
         return type(batch)({k: _pinned(v) for k, v in batch.items()})

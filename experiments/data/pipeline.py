@@ -38,7 +38,7 @@ import torch
 from PIL import Image
 
 from experiments.data.assets import IMAGE_PAD, VISION_END, VISION_START, load_processor
-from odb.collate import batch_cat
+from odb.collate import batch_parts
 
 PIPELINE_VERSION = 1  # bump when the rendering or masking below changes lengths or labels
 IGNORE_INDEX = -100
@@ -381,6 +381,9 @@ def _file_sha256(path: Path) -> str:
 def collate(samples: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict:
     """Right-pad a group of samples into one batch (labels padded with -100).
 
+    ``pixel_values`` is an :class:`odb.TensorParts` of the samples' tensors: its
+    ``.to(device)`` returns the concatenated tensor, on that device.
+
     Example:
         >>> batch = collate([ds[0], ds[1]], ds.tokenizer.pad_token_id)  # doctest: +SKIP
         >>> batch["input_ids"].shape[0]  # doctest: +SKIP
@@ -401,6 +404,7 @@ def collate(samples: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict:
              "mm_token_type_ids": pad("mm_token_type_ids", 0)}
     with_images = [s for s in samples if "pixel_values" in s]
     if with_images:
-        batch["pixel_values"] = batch_cat([s["pixel_values"] for s in with_images])
+        # Concatenated where the batch lands (``.to(device)``), not on the loader's CPU.
+        batch["pixel_values"] = batch_parts([s["pixel_values"] for s in with_images])
         batch["image_grid_thw"] = torch.cat([s["image_grid_thw"] for s in with_images])
     return batch

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from odb.collate import TensorParts
 from odb.integrations.schedule import ProgressLR
 from odb.step_info import StepInfo, pop_step_info
 
@@ -199,6 +200,14 @@ class ODBTrainer(Trainer):
         while len(batches) < num_batches:
             batches.append(_zero_weight(batches[-1], cfg.label_key, cfg.ignore_index))
         return batches, infos[0].loss_normalizer
+
+    def _prepare_input(self, data: Any) -> Any:
+        """The Trainer's, plus :class:`odb.TensorParts`: each part moved as the Trainer
+        moves a tensor, then concatenated there (one tensor on the device)."""
+        prepare = super()._prepare_input
+        if isinstance(data, TensorParts):
+            return TensorParts([prepare(part) for part in data.parts]).cat()
+        return prepare(data)
 
     # ------------------------------------------------------------------ loss
 

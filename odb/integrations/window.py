@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from odb.collate import TensorParts
 from odb.step_info import StepInfo, pop_step_info
 
 __all__ = ["Window", "iter_windows", "to_device"]
@@ -143,8 +144,13 @@ def _progress(loader: Any) -> float | None:
 
 
 def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
-    """``batch`` with its tensors moved to ``device`` (other values as they are)."""
+    """``batch`` with its tensors moved to ``device`` (other values as they are).
+
+    An :class:`odb.TensorParts` field becomes one tensor, concatenated on ``device``.
+    """
     return {
-        key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        key: value.to(device, non_blocking=True)
+        if isinstance(value, (torch.Tensor, TensorParts))
+        else value
         for key, value in batch.items()
     }

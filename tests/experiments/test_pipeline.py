@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import odb
 from experiments.data.assets import IMAGE_PAD, build_tiny_model
 from experiments.data.pipeline import (
     IGNORE_INDEX,
@@ -180,6 +181,9 @@ def test_multimodal_batch_trains_tiny_qwen3vl(datasets_by_name: dict) -> None:
     lengths = [ds.length(i) for i in range(20)]
     picks = sorted(range(20), key=lengths.__getitem__)[:3]  # short OCR/VQA samples: fast
     batch = collate([ds[i] for i in picks], ds.tokenizer.pad_token_id)
+    assert isinstance(batch["pixel_values"], odb.TensorParts)
+    assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())
+    batch = {k: v.to("cpu") for k, v in batch.items()}  # as the training loop moves it
     model = build_tiny_model(ds.tokenizer, seed=0)
     out = model(**batch)
     assert torch.isfinite(out.loss)

@@ -1,16 +1,26 @@
-"""batch_cat / batch_empty: shared memory exactly where a batch crosses processes."""
+"""batch_cat / batch_empty: shared memory exactly where a batch crosses processes;
+batch_parts / TensorParts: a field concatenated only where it lands."""
 
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import odb.collate as collate
-from odb.collate import SHARED_MIN_BYTES, PadCollate, batch_cat, batch_empty
+from odb.collate import (
+    SHARED_MIN_BYTES,
+    PadCollate,
+    TensorParts,
+    batch_cat,
+    batch_empty,
+    batch_parts,
+)
 from odb.handoff import BlockPool
 
 BIG = SHARED_MIN_BYTES // 4  # float32 elements of one shared-size field
@@ -28,8 +38,7 @@ def collate_process() -> Iterator[BlockPool]:
 
 def _in_pool(pool: BlockPool, tensor: torch.Tensor) -> bool:
     return any(
-        b.data_ptr() <= tensor.data_ptr() < b.data_ptr() + b.numel()
-        for b in pool._blocks.values()
+        b.data_ptr() <= tensor.data_ptr() < b.data_ptr() + b.numel() for b in pool._blocks.values()
     )
 
 
@@ -103,3 +112,45 @@ def test_a_worker_forked_from_a_collate_process_does_not_use_its_pool(
         _Pixels(), batch_size=2, num_workers=1, collate_fn=_uses_a_pool, multiprocessing_context=ctx
     )
     assert list(loader) == [(False, True)]  # new shared memory, as default_collate's
+
+
+def test_tensor_parts_stand_for_their_concatenation() -> None:
+    parts = [torch.randn(3, 4), torch.randn(5, 4)]
+    field = batch_parts(parts)
+    assert field.shape == (8, 4) and field.size(0) == 8 and field.size() == (8, 4)
+    assert field.dtype == torch.float32 and field.device.type == "cpu"
+    assert field.numel() == 32
+    assert torch.equal(field.to("cpu"), torch.cat(parts))
+    assert torch.equal(field.cat(), torch.cat(parts))
+    half = field.to(torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, torch.cat(parts).bfloat16())
+    alone = torch.randn(2, 4)
+    assert batch_parts([alone]).cat() is alone  # one part: no copy
+    assert batch_parts([torch.tensor(1), torch.tensor(2)]).cat().tolist() == [1, 2]
+    assert "2 parts, shape=(8, 4)" in repr(field)
+    with pytest.raises(AttributeError, match="'view'.*call .to\\(device\\)"):
+        field.view(-1)
+
+
+def test_tensor_parts_reject_what_cannot_be_concatenated() -> None:
+    with pytest.raises(ValueError, match="at least one tensor"):
+        TensorParts([])
+    with pytest.raises(ValueError, match="part 1 .*trailing shape \\(3,\\).*torch.cat"):
+        TensorParts([torch.ones(2, 4), torch.ones(2, 3)])
+    with pytest.raises(ValueError, match="part 1 .*torch.int64"):
+        TensorParts([torch.ones(2), torch.ones(2, dtype=torch.long)])
+    with pytest.raises(ValueError, match="part 0 .*0-d tensor"):
+        TensorParts([torch.tensor(1.0)])
+    with pytest.raises(ValueError, match="part 0 .*list"):
+        TensorParts([[1.0]])
+
+
+def test_tensor_parts_pickle_as_their_parts_and_keep_shared_memory() -> None:
+    shared = torch.randn(BIG).share_memory_()
+    field = batch_parts([shared, torch.ones(3)])
+    again = pickle.loads(pickle.dumps(field))
+    assert isinstance(again, TensorParts) and torch.equal(again.cat(), field.cat())
+    crossed = ForkingPickler.loads(ForkingPickler.dumps(field))  # as a Queue sends it
+    assert crossed.parts[0].is_shared()
+    shared.zero_()  # the same memory, not a copy
+    assert torch.equal(crossed.parts[0], torch.zeros(BIG))

@@ -1,6 +1,7 @@
 """ODBTrainer on 2 real ranks (torchrun, Gloo): the exact first-step gradient under DDP and
 DeepSpeed ZeRO-2, IDLE steps, two epochs with the schedule ending at the data's end, and
-a mid-epoch checkpoint that resumes exactly once (rank script: hf_ranks.py)."""
+a mid-epoch checkpoint that resumes exactly once (rank script: hf_ranks.py); and, in this
+process, how it moves an ``odb.TensorParts`` field."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import odb
 from tests.dist import run_torchrun
 from tests.odb.integrations.tiny import TokenDataset, reference_grads, tiny_model
 
@@ -78,3 +80,23 @@ def test_epochs_schedule_and_mid_epoch_resume_exactly_once(tmp_path: Path) -> No
     assert rates == sorted(rates, reverse=True)
     ends = [s["epoch"] for s in per_rank[0] if s is per_rank[0][-1] or s["data_epoch"] == 0]
     assert ends[-2:] == [pytest.approx(1.0), pytest.approx(2.0)]  # state.epoch = progress
+
+
+def test_prepare_inputs_turns_tensor_parts_into_one_tensor(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    from odb.integrations.hf_trainer import ODBTrainer
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        ignore_data_skip=True,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    loader = odb.ODBLoader(TokenDataset(4, 8, 16), token_budget=64, collate_mode="thread")
+    trainer = ODBTrainer(model=tiny_model(), args=args, train_loader=loader)
+    parts = [torch.randn(3, 4), torch.randn(2, 4)]
+    inputs = trainer._prepare_inputs({"pixel_values": odb.batch_parts(parts), "n": [1]})
+    assert isinstance(inputs["pixel_values"], torch.Tensor)
+    assert torch.equal(inputs["pixel_values"], torch.cat(parts)) and inputs["n"] == [1]
