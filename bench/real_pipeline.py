@@ -16,9 +16,11 @@ iterating it with one of
   of the trainer);
 
 where ``collate`` is the project's own (``experiments.data.pipeline.collate`` with the
-tokenizer's pad id). The consumer counts samples and tokens, and with
-``--consumer-us-per-token`` also holds the GIL in pure Python per real token (a busy
-trainer's worst case for a collate thread).
+tokenizer's pad id; its ``pixel_values`` is an ``odb.TensorParts`` for every loader, which
+a trainer concatenates on its device when it moves the batch, so neither loader's
+consumer here concatenates or reads the pixels). The consumer counts samples and
+tokens, and with ``--consumer-us-per-token`` also holds the GIL in pure Python per real
+token (a busy trainer's worst case for a collate thread).
 
 Reported per cell (each rank measures its own; the cell sums or takes the slowest):
 
@@ -28,11 +30,14 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 * ``samples_per_s_per_epoch``: the same for each epoch alone (a later epoch runs on the
   collate process the first one started);
 * ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
-* ``peak_uss_mb``: the peak over time of the USS summed over every process the cell
-  started (ranks, DataLoader workers, collate processes), **sampled** by a background
-  thread of this process with psutil every ``--mem-interval-ms``; ``peak_pss_mb`` the
-  same with PSS (shared pages split between the processes that map them, so tensors in
-  shared memory count once instead of not at all);
+* ``peak_anon_shm_mb``: the peak over time of the private anonymous memory summed over
+  every process the cell started (ranks, DataLoader workers, collate processes) plus
+  the machine's shared memory (``/proc/meminfo`` Shmem) above its level at the cell's
+  start, **sampled** by a background thread of this process every
+  ``--mem-interval-ms``: each page once, including shared memory that a worker wrote
+  and no process has touched since (a sample's pixels waiting in the window), which
+  ``peak_uss_mb`` / ``peak_pss_mb`` (psutil's USS and PSS summed the same way) miss.
+  Machine-wide for the shared part: run it with nothing else creating shared memory;
 * ``collate_cpu_us_per_sample`` (odb only): CPU time of the collate side
   (``stats()['collate_cpu_s']``: the collate process, or the collate thread) per sample;
 * ``padding_efficiency``: real tokens (``attention_mask`` ones) / padded tokens
@@ -103,8 +108,33 @@ def proxy_source(root: Path, name: str) -> str:
 # ---------------------------------------------------------------- memory (this process)
 
 
+def _anonymous_bytes(pid: int) -> int:
+    """Private anonymous memory of ``pid`` (``Anonymous`` of ``/proc/PID/smaps_rollup``)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def machine_shmem_bytes() -> int:
+    """Shared memory in use on the machine (``Shmem`` of ``/proc/meminfo``)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class TreeMemorySampler:
-    """Peak USS and PSS summed over this process's descendants, sampled in a thread.
+    """Peak memory of this process's descendants, sampled in a thread.
+
+    Three views: USS and PSS summed over the processes (psutil), and anon + shm: their
+    private anonymous pages plus the machine's shared memory above its level when the
+    sampler started. USS and PSS miss shared memory that no process has touched since
+    mapping it (a sample's pixels that a worker wrote and the collate side only passes
+    on); anon + shm counts every such page once, so it is the figure to compare, on a
+    machine where nothing else creates shared memory meanwhile.
 
     Sampling misses peaks shorter than the interval; the result says it was sampled.
 
@@ -120,6 +150,7 @@ class TreeMemorySampler:
         self._thread = threading.Thread(target=self._loop, name="tree-memory", daemon=True)
         self.peak_uss = 0
         self.peak_pss = 0
+        self.peak_anon_shm = 0
         self.peak_processes = 0
         self.samples = 0
 
@@ -133,8 +164,9 @@ class TreeMemorySampler:
 
     def _loop(self) -> None:
         me = psutil.Process(os.getpid())
+        shm_base = machine_shmem_bytes()
         while not self._stop.is_set():
-            uss = pss = count = 0
+            uss = pss = anon = count = 0
             try:
                 children = me.children(recursive=True)
             except psutil.Error:
@@ -142,7 +174,8 @@ class TreeMemorySampler:
             for proc in children:
                 try:
                     info = proc.memory_full_info()
-                except psutil.Error:  # exited between the listing and the read
+                    anon += _anonymous_bytes(proc.pid)
+                except (psutil.Error, OSError):  # exited between the listing and the read
                     continue
                 uss += info.uss
                 pss += info.pss
@@ -152,16 +185,21 @@ class TreeMemorySampler:
                 if uss > self.peak_uss:
                     self.peak_uss, self.peak_processes = uss, count
                 self.peak_pss = max(self.peak_pss, pss)
+                shm = max(0, machine_shmem_bytes() - shm_base)
+                self.peak_anon_shm = max(self.peak_anon_shm, anon + shm)
             self._stop.wait(self.interval_s)
 
     def result(self) -> dict[str, Any]:
         return {
             "peak_uss_mb": round(self.peak_uss / MB, 1),
             "peak_pss_mb": round(self.peak_pss / MB, 1),
+            "peak_anon_shm_mb": round(self.peak_anon_shm / MB, 1),
             "processes_at_peak_uss": self.peak_processes,
             "memory_samples": self.samples,
-            "memory_method": f"sampled every {self.interval_s * 1000:.0f} ms with psutil: "
-            "sum over all processes of the cell (ranks, workers, collate processes)",
+            "memory_method": f"sampled every {self.interval_s * 1000:.0f} ms: USS / PSS "
+            "summed over all processes of the cell (ranks, workers, collate processes); "
+            "anon + shm = their private anonymous pages plus the machine's Shmem above "
+            "its level at the cell's start",
         }
 
 
@@ -390,6 +428,7 @@ def compare(plain: dict[str, Any], odb: dict[str, Any]) -> dict[str, Any]:
     return {
         "samples_per_s_odb_vs_plain": ratio(odb["samples_per_s"], plain["samples_per_s"]),
         "peak_uss_odb_vs_plain": ratio(odb["peak_uss_mb"], plain["peak_uss_mb"]),
+        "peak_anon_shm_odb_vs_plain": ratio(odb["peak_anon_shm_mb"], plain["peak_anon_shm_mb"]),
         "first_batch_s_plain_odb": [plain["first_batch_s"], odb["first_batch_s"]],
         "steps_plain_odb": [plain["steps"], odb["steps"]],
     }
@@ -400,7 +439,7 @@ def table(results: dict[str, Any]) -> str:
     everything)."""
     lines = [
         "| proxy | W | odb variant | samples/s plain / odb (ratio) | first batch s plain / "
-        "odb | peak USS MB plain / odb | padding eff. plain / odb | steps plain / odb "
+        "odb | peak MB (anon + shm) plain / odb | padding eff. plain / odb | steps plain / odb "
         "| collate CPU us/sample |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -414,7 +453,7 @@ def table(results: dict[str, Any]) -> str:
                 f"| {cell['proxy']} | {cell['world_size']} | {variant} | {p['samples_per_s']} / "
                 f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x) | "
                 f"{p['first_batch_s']:.2f} / {o['first_batch_s']:.2f} | "
-                f"{p['peak_uss_mb']:.0f} / {o['peak_uss_mb']:.0f} | "
+                f"{p['peak_anon_shm_mb']:.0f} / {o['peak_anon_shm_mb']:.0f} | "
                 f"{p['padding_efficiency']} / {o['padding_efficiency']} | "
                 f"{p['steps']} / {o['steps']} | {o['collate_cpu_us_per_sample']} |"
             )
@@ -544,7 +583,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 _io.progress(
                     f"{proxy} W={world} {name}: {r['samples']} samples in {r['wall_s']:.1f} s, "
                     f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
-                    f"peak USS {r['peak_uss_mb']:.0f} MB, padding {r['padding_efficiency']}, "
+                    f"peak {r['peak_anon_shm_mb']:.0f} MB (anon + shm), "
+                    f"padding {r['padding_efficiency']}, "
                     f"{r['steps']} steps"
                 )
                 cell[name] = r

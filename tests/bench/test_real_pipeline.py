@@ -2,7 +2,8 @@
 
 Only bounds that do not depend on the machine's speed are asserted: every sample is
 emitted once per loader, padding efficiency is a fraction, odb never takes more steps
-than one-sample batches, and the sampled memory is positive.
+than one-sample batches, and the sampled memory is positive; the machine's shared memory,
+which the anon + shm figure adds, sees what a process writes there.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from bench.real_pipeline import main
+from bench.real_pipeline import machine_shmem_bytes, main
 from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
 from experiments.data.proxies import ProxyConfig, write_proxy
 
@@ -47,6 +49,7 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert sum(p["samples"] for p in r["per_rank"]) == SAMPLES
         assert 0 < r["padding_efficiency"] <= 1
         assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["memory_samples"] > 0
+        assert r["peak_anon_shm_mb"] > 0
         assert r["samples_per_s"] > 0 and 0 <= r["first_batch_s"] <= r["wall_s"]
         assert r["samples_per_s_per_epoch"] == [r["samples_per_s"]]  # one epoch
     assert plain["steps"] == SAMPLES and plain["padding_efficiency"] == 1.0
@@ -58,3 +61,11 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert stats["padding_efficiency"] == pytest.approx(odb["padding_efficiency"], abs=1e-4)
     assert cell["odb_vs_plain"]["steps_plain_odb"] == [SAMPLES, odb["steps"]]
     assert "| odb-thread |" in doc["table_markdown"]
+
+
+def test_shared_memory_nobody_touches_counts_in_anon_plus_shm() -> None:
+    """Shared memory counts once it is written, whoever maps it (a worker's pixels)."""
+    before = machine_shmem_bytes()
+    pixels = torch.ones(16 << 20, dtype=torch.uint8).share_memory_()  # written: resident
+    assert machine_shmem_bytes() - before >= (8 << 20)
+    del pixels
