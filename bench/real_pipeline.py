@@ -30,8 +30,9 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 * ``samples_per_s_per_epoch``: the same for each epoch alone (a later epoch runs on the
   collate process the first one started);
 * ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
-* ``peak_anon_shm_mb``: the peak over time of the private anonymous memory summed over
-  every process the cell started (ranks, DataLoader workers, collate processes) plus
+* ``peak_anon_shm_mb``: the peak over time of the anonymous memory (``Pss_Anon``: pages
+  a forked worker shares with its parent count once) summed over every process the cell
+  started (ranks, DataLoader workers, collate processes) plus
   the machine's shared memory (``/proc/meminfo`` Shmem) above its level at the cell's
   start, **sampled** by a background thread of this process every
   ``--mem-interval-ms``: each page once, including shared memory that a worker wrote
@@ -109,10 +110,11 @@ def proxy_source(root: Path, name: str) -> str:
 
 
 def _anonymous_bytes(pid: int) -> int:
-    """Private anonymous memory of ``pid`` (``Anonymous`` of ``/proc/PID/smaps_rollup``)."""
+    """``pid``'s share of anonymous memory (``Pss_Anon`` of ``/proc/PID/smaps_rollup``):
+    a page a forked worker still shares with its parent counts half in each."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith("Anonymous:"):
+            if line.startswith("Pss_Anon:"):
                 return int(line.split()[1]) * 1024
     return 0
 
@@ -130,8 +132,8 @@ class TreeMemorySampler:
     """Peak memory of this process's descendants, sampled in a thread.
 
     Three views: USS and PSS summed over the processes (psutil), and anon + shm: their
-    private anonymous pages plus the machine's shared memory above its level when the
-    sampler started. USS and PSS miss shared memory that no process has touched since
+    anonymous pages (proportional shares, so copy-on-write pages of forked workers count
+    once) plus the machine's shared memory above its level when the sampler started. USS and PSS miss shared memory that no process has touched since
     mapping it (a sample's pixels that a worker wrote and the collate side only passes
     on); anon + shm counts every such page once, so it is the figure to compare, on a
     machine where nothing else creates shared memory meanwhile.
@@ -198,7 +200,7 @@ class TreeMemorySampler:
             "memory_samples": self.samples,
             "memory_method": f"sampled every {self.interval_s * 1000:.0f} ms: USS / PSS "
             "summed over all processes of the cell (ranks, workers, collate processes); "
-            "anon + shm = their private anonymous pages plus the machine's Shmem above "
+            "anon + shm = their anonymous pages (Pss_Anon) plus the machine's Shmem above "
             "its level at the cell's start",
         }
 
