@@ -133,10 +133,11 @@ class TreeMemorySampler:
 
     Three views: USS and PSS summed over the processes (psutil), and anon + shm: their
     anonymous pages (proportional shares, so copy-on-write pages of forked workers count
-    once) plus the machine's shared memory above its level when the sampler started. USS and PSS miss shared memory that no process has touched since
-    mapping it (a sample's pixels that a worker wrote and the collate side only passes
-    on); anon + shm counts every such page once, so it is the figure to compare, on a
-    machine where nothing else creates shared memory meanwhile.
+    once) plus the machine's shared memory above its level when the sampler started.
+    USS and PSS miss shared memory that no process has touched since mapping it (a
+    sample's pixels that a worker wrote and the collate side only passes on); anon +
+    shm counts every such page once, so it is the figure to compare, on a machine where
+    nothing else creates shared memory meanwhile.
 
     Sampling misses peaks shorter than the interval; the result says it was sampled.
 
