@@ -103,7 +103,7 @@ class TensorParts:
     Stands for ``torch.cat(parts)`` (first dimension) without building it: ``shape``,
     ``dtype`` and ``device`` are the concatenation's, :meth:`to` moves every part (the
     same arguments as ``torch.Tensor.to``) and concatenates them there, returning a
-    ``torch.Tensor``, and :meth:`cat` concatenates in place. Training loops that move a
+    ``torch.Tensor``, and :meth:`cat` concatenates where the parts are. Loops that move a
     batch with ``value.to(device)`` (the project's, ``odb.integrations``, the HF
     Trainer through ``odb.integrations.hf_trainer``) get the tensor. Pickles as its
     parts, so parts in shared memory cross processes by descriptor, without a copy.
