@@ -492,8 +492,9 @@ def _check_args(args: Any, parser: Any) -> None:
         )
 
 
-def _odb_options(pairs: list[str], parser: Any) -> tuple[tuple[str, Any], ...]:
-    """``KEY=VALUE`` pairs as ODBConfig options, checked against its fields now."""
+def _odb_options(pairs: list[str], workers: int, parser: Any) -> tuple[tuple[str, Any], ...]:
+    """``KEY=VALUE`` pairs as ODBConfig options, checked against its fields now (with
+    ``--workers`` as ``num_workers``, which --odb may not set)."""
     import yaml
 
     import odb
@@ -504,8 +505,10 @@ def _odb_options(pairs: list[str], parser: Any) -> tuple[tuple[str, Any], ...]:
         if not sep:
             parser.error(f"--odb takes KEY=VALUE pairs, got {pair!r}")
         options[key] = yaml.safe_load(value)
+    if "num_workers" in options:
+        parser.error("--odb: set num_workers with --workers (both loaders use it)")
     try:
-        odb.ODBConfig.from_options(8192, None, options)
+        odb.ODBConfig.from_options(8192, None, {**options, "num_workers": workers})
     except (TypeError, ValueError) as exc:
         parser.error(f"--odb: {exc}")
     return tuple(options.items())
@@ -554,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "(pure Python; 0: a consumer that does nothing)",
     )
     args = p.parse_args(argv)
-    odb_options = _odb_options(args.odb, p)
+    odb_options = _odb_options(args.odb, args.workers, p)
     _check_args(args, p)
 
     results: dict[str, Any] = {}
