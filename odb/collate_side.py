@@ -70,8 +70,10 @@ class _BeatingGroup(AlignmentGroup):
         super().__init__(rendezvous, prefix)
         self.heartbeat = heartbeat
 
-    def gather_status(self, row: list[int]) -> list[list[int]]:
-        rows = super().gather_status(row)
+    def gather_status(
+        self, row: list[int], while_waiting: Callable[[], bool] | None = None
+    ) -> list[list[int]]:
+        rows = super().gather_status(row, while_waiting)
         self.heartbeat.beat()
         return rows
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,15 +139,26 @@ class AlignmentGroup:
     def world_size(self) -> int:
         return 1 if self.rendezvous is None else self.rendezvous.world_size
 
-    def gather_status(self, row: list[int]) -> list[list[int]]:
-        """All-gather one fixed-size status row; returns every rank's row in rank order."""
+    def gather_status(
+        self, row: list[int], while_waiting: Callable[[], bool] | None = None
+    ) -> list[list[int]]:
+        """All-gather one fixed-size status row; returns every rank's row in rank order.
+
+        ``while_waiting`` is called again and again while the peers' rows have not all
+        arrived, until it returns False; it must not use this group. The wait that
+        follows is bounded by ``align_timeout_s`` as always.
+        """
         if len(row) != STATUS_WIDTH:
             raise ValueError(f"status row must have {STATUS_WIDTH} fields, got {len(row)}")
         mine = torch.tensor(row, dtype=torch.int64)
         if self.rendezvous is None:
             return [row]
         out = [torch.zeros(STATUS_WIDTH, dtype=torch.int64) for _ in range(self.world_size)]
-        self._run("status all_gather", self._open().allgather([out], [mine]))
+        work = self._open().allgather([out], [mine])
+        if while_waiting is not None:
+            while not work.is_completed() and while_waiting():
+                pass
+        self._run("status all_gather", work)
         self.bytes_sent += mine.numel() * mine.element_size()
         return [t.tolist() for t in out]
 

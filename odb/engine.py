@@ -10,6 +10,9 @@ without the transport):
    in the epoch's first round, so the first batch is out after a few reads; doubling
    every round), its sample cap or its byte cap, or the view is read;
 2. group the window and report a fixed-size status to the peers (one all-gather);
+   while the peers' statuses have not all arrived, read samples ahead for later
+   rounds (:meth:`odb.lockstep.LockstepRank.read_ahead`: kept aside, so the rounds
+   are the same; the DataLoader workers keep working while this rank waits);
 3. derive the round's plan (:func:`odb.alignment.plan_round`, identical on all ranks)
    and this rank's ``T`` steps: real groups, split groups or IDLE steps;
 4. collate them, sum the per-step counts over the ranks (one all-reduce of a
@@ -118,11 +121,12 @@ def run_epoch(
     for item in windows.flush():
         emit(attach_step_info(*item))
     metrics.max_age = rank.max_age
+    metrics.read_ahead = rank.read_ahead_count
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
-    metrics.peak_window_bytes = rounds.buffer.peak_nbytes
+    metrics.peak_window_bytes = max(rounds.buffer.peak_nbytes, rank.peak_bytes)
     metrics.collate_cpu_s = cpu_clock() - cpu_start
-    carry, carried = _carry(job, rounds, group)
+    carry, carried = _carry(job, rank, group)
     return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
 
 
@@ -159,7 +163,7 @@ def _align(
     """Read, exchange the statuses (collective 1) and decide; None at the epoch's end."""
     status = rank.report(free_slots)
     started = time.perf_counter()
-    rows = group.gather_status(status.to_row())
+    rows = group.gather_status(status.to_row(), rank.read_ahead)
     metrics.align_seconds += time.perf_counter() - started
     statuses = [RankStatus.from_row(r) for r in rows]
     outcome = rank.decide(statuses)
@@ -202,19 +206,22 @@ def _release(
 
 
 def _carry(
-    job: EpochJob, rounds: RankRounds, group: AlignmentGroup
+    job: EpochJob, rank: LockstepRank, group: AlignmentGroup
 ) -> tuple[list[int], list[tuple[int, Any]]]:
     """What the epoch leaves for the next: ``(carried indices, carried samples)``.
 
     Join mode leaves nothing. Non-join: a stream cannot be re-read by index, so its
-    window's samples are carried themselves, on this rank; a view carries the indices
-    of its window and of its unread tail, dealt over all ranks (:func:`deal_carry`).
+    window's samples and those read ahead are carried themselves, on this rank; a view
+    carries the indices of its window and of its unread tail (which holds the samples
+    read ahead), dealt over all ranks (:func:`deal_carry`).
     """
+    rounds = rank.rounds
     leftover = rounds.leftover()
+    ahead = [reading.payload for reading in rank.unread_ahead()]
     if job.config.join:
         return [], []
     if job.view is None:
-        carried = [(index, sample) for index, sample, _ in leftover]
+        carried = [(index, sample) for index, sample, _ in leftover + ahead]
         return [i for i, _ in carried], carried
     mine = [i for i, _, _ in leftover] + job.view[rounds.read_count :]
     return deal_carry(group.gather_indices(mine), job.rank), []

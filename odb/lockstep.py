@@ -25,6 +25,7 @@ Pure: no torch, no processes, no I/O. The protocol: ``docs/protocol.md``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -64,6 +65,10 @@ class LockstepRank:
 
     Attributes:
         max_age: The oldest any sample in the window has been at a report, in rounds.
+        read_ahead_count: Samples read ahead while a collective was pending
+            (:meth:`read_ahead`).
+        peak_bytes: The most bytes the window and the samples read ahead held at once
+            while reading ahead (the window's own peak is its buffer's).
 
     Example:
         >>> from odb.config import ODBConfig
@@ -82,16 +87,25 @@ class LockstepRank:
         self.pull = pull
         self.rank = rank
         self.max_age = 0
+        self.read_ahead_count = 0
+        self.peak_bytes = 0
+        # Pulled while a collective was pending, not yet in the window: readings, None
+        # (the view ended) or the exception the pull raised, in pull order.
+        self._ahead: deque[Reading | Exception | None] = deque()
+        self._ahead_bytes = 0
 
     def report(self, free_slots: Callable[[], int]) -> RankStatus:
         """Read until the window holds enough work (or the view ends); this rank's row.
 
-        ``free_slots`` is asked after the reads: the trainer drains the output queue
-        while the rank reads, and the status says what is free when it is sent.
+        Samples read ahead (:meth:`read_ahead`) are taken first, in the order they were
+        pulled, so the window sees the same samples in the same rounds as without the
+        read-ahead. ``free_slots`` is asked after the reads: the trainer drains the
+        output queue while the rank reads, and the status says what is free when it is
+        sent.
         """
         rounds = self.rounds
         while rounds.wants_read():
-            reading = self.pull()
+            reading = self._next()
             if reading is None:
                 rounds.mark_exhausted()
                 break
@@ -99,6 +113,76 @@ class LockstepRank:
         status = rounds.status(free_slots())
         self.max_age = max(self.max_age, rounds.buffer.max_age)
         return status
+
+    def read_ahead(self) -> bool:
+        """Pull one sample for a later round while a collective is pending.
+
+        The reads a round makes (:meth:`report`) stop while the rank waits for its peers;
+        its DataLoader workers then stop too once their prefetch is full. Called in that
+        wait, this keeps them busy: the sample is kept aside, outside the window and its
+        status, so the protocol is unchanged, and :meth:`report` takes it first. Held
+        together with the window within its caps (``buffer_size`` samples,
+        ``window_bytes`` bytes, plus one sample) and within the round's read limit. An
+        exception of the pull is kept in its place and raised by the :meth:`report`
+        that reaches it, where it would have been raised without the read-ahead.
+
+        Returns:
+            True if a sample was read and there is room for another.
+        """
+        if not self._may_read_ahead():
+            return False
+        try:
+            reading = self.pull()
+        except Exception as exc:  # noqa: BLE001 - raised where report() reaches it
+            self._ahead.append(exc)
+            return False
+        self._ahead.append(reading)
+        if reading is None:
+            return False
+        self._ahead_bytes += reading.nbytes
+        self.read_ahead_count += 1
+        self.peak_bytes = max(self.peak_bytes, self.rounds.buffer.nbytes + self._ahead_bytes)
+        return self._may_read_ahead()
+
+    def unread_ahead(self) -> list[Reading]:
+        """Remove and return the samples read ahead (a stream's carry at the epoch's end).
+
+        Raises:
+            Exception: The pull failed while reading ahead.
+        """
+        readings = []
+        while self._ahead:
+            item = self._ahead.popleft()
+            if isinstance(item, Exception):
+                raise item
+            if item is not None:
+                readings.append(item)
+        self._ahead_bytes = 0
+        return readings
+
+    def _next(self) -> Reading | None:
+        if not self._ahead:
+            return self.pull()
+        item = self._ahead.popleft()
+        if isinstance(item, Exception):
+            raise item
+        if item is not None:
+            self._ahead_bytes -= item.nbytes
+        return item
+
+    def _may_read_ahead(self) -> bool:
+        rounds, buffer = self.rounds, self.rounds.buffer
+        pulled = rounds.read_count + len(self._ahead)
+        if self._ahead and (self._ahead[-1] is None or isinstance(self._ahead[-1], Exception)):
+            return False
+        if rounds.view_size is not None and pulled >= rounds.view_size:
+            return False
+        if rounds.read_limit is not None and pulled >= rounds.read_limit:
+            return False
+        return (
+            len(buffer) + len(self._ahead) < buffer.capacity
+            and buffer.nbytes + self._ahead_bytes < buffer.window_bytes
+        )
 
     def decide(self, statuses: Sequence[RankStatus]) -> RoundOutcome:
         """Apply the round's plan, derived from every rank's status (in rank order).

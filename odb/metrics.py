@@ -107,12 +107,15 @@ class EpochMetrics(StepMetrics):
     # The epoch-start stall: seconds from the start of the collate side's epoch (before
     # the source check and the first read) to its first batch handed to the trainer.
     first_emit_s: float = 0.0
-    # The most bytes of sample data (tensors, arrays) the grouping window held at once.
+    # The most bytes of sample data (tensors, arrays) the grouping window held at once,
+    # with the samples read ahead for later rounds.
     peak_window_bytes: int = 0
     # CPU seconds of the collate side in this epoch (receiving the workers' samples,
     # measuring, grouping, collating, handing over): the whole collate process in process
     # mode, the collate thread in thread mode; DataLoader workers are not counted.
     collate_cpu_s: float = 0.0
+    # Samples read while waiting for the peers' statuses, for later rounds.
+    read_ahead: int = 0
 
     def record_tail(self, statuses: Sequence[RankStatus], end: bool) -> None:
         """Count rounds after every rank has read its whole view (the termination tail).

@@ -179,6 +179,100 @@ def test_the_gathered_statuses_go_through_the_wire_row():
     assert outcome.payloads == [["a"]]
 
 
+# ------------------------------------------------------------ reading ahead in a wait
+
+
+def _world_run(views, cfg: ODBConfig, ahead: list[int] | None):
+    """Rounds of a world over ``views`` until the epoch ends: every status and payload.
+    With ``ahead``, rank r calls ``read_ahead`` up to ``ahead[round % len(ahead)] + r``
+    times between the report and the decision (where the engine waits for its peers)."""
+    ranks = [
+        LockstepRank(RankRounds(cfg, len(v)), _pull([Reading(n, 0, i, 10 * n) for i, n in v]), r)
+        for r, v in enumerate(views)
+    ]
+    world, trace = LockstepWorld(ranks), []
+    for round_index in range(10_000):
+        statuses = world.report([cfg.queue_depth] * len(ranks))
+        for r, rank in enumerate(ranks if ahead else []):
+            for _ in range(ahead[round_index % len(ahead)] + r):
+                if not rank.read_ahead():
+                    break
+        outcomes = world.decide(statuses)
+        trace.append((statuses, [o.payloads for o in outcomes]))
+        if outcomes[0].plan.end:
+            return trace, ranks
+    raise AssertionError("the epoch did not end")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=80),
+    ahead=st.lists(st.integers(0, 6), min_size=1, max_size=5),
+    join=st.booleans(),
+    buffer_size=st.integers(2, 12),
+    window_bytes=st.integers(50, 3000),
+)
+def test_reading_ahead_leaves_every_round_unchanged(lengths, ahead, join, buffer_size,
+                                                    window_bytes):
+    """Samples read ahead while a rank waits are kept aside and taken first by the next
+    report: every status and every step is the one the rank makes without them."""
+    views = [list(enumerate(lengths))[r::2] for r in range(2)]
+    cfg = ODBConfig(token_budget=128, join=join, buffer_size=buffer_size,
+                    window_bytes=window_bytes, window_budgets=2, initial_window_budgets=1)
+    plain, _ = _world_run(views, cfg, None)
+    read_ahead, ranks = _world_run(views, cfg, ahead)
+    assert read_ahead == plain
+    for rank in ranks:  # held together with the window within its caps (+ one sample)
+        assert rank.peak_bytes < window_bytes + 10 * 120
+
+
+def test_read_ahead_stops_at_the_caps_the_view_and_the_read_limit():
+    cfg = ODBConfig(token_budget=100, window_bytes=50, buffer_size=4)
+    pull = _pull([Reading(1, 0, i, 20) for i in range(10)])
+    rank = LockstepRank(RankRounds(cfg, 10), pull)
+    rank.report(lambda: 4)  # the window holds 3 samples, 60 bytes: past the byte cap
+    assert not rank.read_ahead() and rank.read_ahead_count == 0
+    rank.decide([rank.rounds.status(4)])  # emits all three
+    assert rank.read_ahead() and rank.read_ahead() and not rank.read_ahead()  # 60 bytes
+    assert rank.read_ahead_count == 3 and rank.peak_bytes == 60
+    unlimited = replace(cfg, window_bytes=10**6)
+    rank = LockstepRank(RankRounds(unlimited, 3), _pull([Reading(1, 0, i) for i in range(9)]))
+    rank.report(lambda: 4)
+    assert not rank.read_ahead()  # the view's three samples are all read
+    capped = LockstepRank(RankRounds(unlimited, 9), _pull([Reading(1, 0, i) for i in range(9)]))
+    capped.rounds.read_limit = 2  # the last round's non-join limit
+    capped.report(lambda: 4)
+    assert not capped.read_ahead() and capped.rounds.read_count == 2
+
+
+def test_a_pull_error_while_reading_ahead_is_raised_where_report_reaches_it():
+    cfg = ODBConfig(token_budget=100, window_budgets=1, initial_window_budgets=1)
+
+    def pull_then_fail():
+        yield Reading(60, 0, "a")
+        yield Reading(60, 0, "b")
+        raise ValueError("sample 2 is broken")
+
+    samples = pull_then_fail()
+    rank = LockstepRank(RankRounds(cfg, 5), lambda: next(samples))
+    status = rank.report(lambda: 4)  # reads "a" and "b" (120 tokens >= one budget)
+    assert status.read_count == 2
+    assert not rank.read_ahead()  # the error is kept, not raised in the wait
+    assert rank.decide([status]).payloads == [["a"], ["b"]]
+    with pytest.raises(ValueError, match="sample 2 is broken"):
+        rank.report(lambda: 4)
+
+
+def test_a_streams_samples_read_ahead_are_handed_back_for_the_carry():
+    cfg = ODBConfig(token_budget=100, window_budgets=1, initial_window_budgets=1)
+    rank = LockstepRank(RankRounds(cfg, None), _pull([Reading(60, 0, i) for i in range(4)]))
+    rank.report(lambda: 4)
+    while rank.read_ahead():
+        pass
+    assert [r.payload for r in rank.unread_ahead()] == [2, 3]  # then the stream's end
+    assert rank.unread_ahead() == []
+
+
 # ----------------------------------------------------- one driver: engine == simulator
 
 

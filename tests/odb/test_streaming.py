@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -15,21 +17,27 @@ OPTIONS = dict(token_budget=256, window_budgets=2, queue_depth=2, align_timeout_
 
 
 class LengthStream(IterableDataset):
-    """A stream of samples; its item ``p`` carries ``p`` so the test can check identity."""
+    """A stream of samples; its item ``p`` carries ``p`` so the test can check identity.
+    Each item takes ``delay_s`` to make."""
 
-    def __init__(self, lengths: list[int]) -> None:
+    def __init__(self, lengths: list[int], delay_s: float = 0.0) -> None:
         self.lengths = lengths
+        self.delay_s = delay_s
 
     def __iter__(self):
         for position, length in enumerate(self.lengths):
+            time.sleep(self.delay_s)
             ids = torch.arange(length) % 50 + 3
             yield {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor([position])}
 
 
-def _epochs(rank: int, world_size: int, mode: str, workers: int, join: bool, epochs: int):
-    loader = odb.ODBLoader(
-        LengthStream(LENGTHS), collate_mode=mode, num_workers=workers, join=join, **OPTIONS
-    )
+def _epochs(
+    rank: int, world_size: int, mode: str, workers: int, join: bool, epochs: int,
+    slow_rank: int = -1,
+):
+    """Every epoch's steps (sample ids) and carry; ``slow_rank``'s stream is slow."""
+    stream = LengthStream(LENGTHS, delay_s=0.01 if rank == slow_rank else 0.0)
+    loader = odb.ODBLoader(stream, collate_mode=mode, num_workers=workers, join=join, **OPTIONS)
     out = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -38,7 +46,8 @@ def _epochs(rank: int, world_size: int, mode: str, workers: int, join: bool, epo
             info = odb.pop_step_info(batch)
             assert list(info.sample_ids) == ([] if info.idle else batch["index"].tolist())
             steps.append(list(info.sample_ids))
-        out.append((steps, loader.stats()["carried"]))
+        stats = loader.stats()
+        out.append((steps, stats["carried"], stats["read_ahead"]))
     return out
 
 
@@ -60,8 +69,14 @@ def test_stream_join_identity_coverage(world_size: int, mode: str, workers: int)
 
 
 @pytest.mark.dist
-def test_stream_non_join_quota_closure() -> None:
-    per_rank = run_ranks(_epochs, 2, "thread", 1, False, 3, timeout=180)
+@pytest.mark.parametrize("slow_rank", [-1, 1])
+def test_stream_non_join_quota_closure(slow_rank: int) -> None:
+    """Every stream sample once per epoch or carried, never lost; also when rank 0 waits
+    for a slow rank 1 every round and reads its stream ahead meanwhile (those samples
+    are carried as samples when the epoch ends first)."""
+    per_rank = run_ranks(_epochs, 2, "thread", 1, False, 3, slow_rank, timeout=180)
+    if slow_rank == 1:
+        assert sum(read_ahead for *_, read_ahead in per_rank[0]) > 0
     carried_before = 0
     for epoch in range(3):
         steps = [r[epoch][0] for r in per_rank]
