@@ -25,6 +25,7 @@ Pure: no torch, no processes, no I/O. The protocol: ``docs/protocol.md``.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class LockstepRank:
         max_age: The oldest any sample in the window has been at a report, in rounds.
         read_ahead_count: Samples read ahead while a collective was pending
             (:meth:`read_ahead`).
+        read_ahead_s: Seconds spent reading them (inside the collective's wait).
         peak_bytes: The most bytes the window and the samples read ahead held at once
             while reading ahead (the window's own peak is its buffer's).
 
@@ -88,6 +90,7 @@ class LockstepRank:
         self.rank = rank
         self.max_age = 0
         self.read_ahead_count = 0
+        self.read_ahead_s = 0.0
         self.peak_bytes = 0
         # Pulled while a collective was pending, not yet in the window: readings, None
         # (the view ended) or the exception the pull raised, in pull order.
@@ -131,11 +134,14 @@ class LockstepRank:
         """
         if not self._may_read_ahead():
             return False
+        started = time.perf_counter()
         try:
             reading = self.pull()
         except Exception as exc:  # noqa: BLE001 - raised where report() reaches it
             self._ahead.append(exc)
             return False
+        finally:
+            self.read_ahead_s += time.perf_counter() - started
         self._ahead.append(reading)
         if reading is None:
             return False
