@@ -449,18 +449,32 @@ def shm_settle(baseline: set[str], timeout_s: float = 10.0) -> set[str]:
         time.sleep(0.1)
 
 
-def _resources(base: dict[str, Any] | None = None, keep: int = 0) -> dict[str, Any]:
+def shm_count_settle(baseline: set[str], timeout_s: float = 10.0) -> None:
+    """Wait until the process tree holds no more ``/dev/shm`` entries than ``baseline``.
+
+    For an idle loader between epochs, whose entries' names may change: a consumer's
+    last batch keeps its hand-off block, which one changes from epoch to epoch.
+    """
+    deadline = time.monotonic() + timeout_s
+    while len(tree_shm()) > len(baseline) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _resources(
+    base: dict[str, Any] | None = None, keep: int = 0, same_shm: bool = True
+) -> dict[str, Any]:
     """Children, fds and /dev/shm entries once settled, measured while no rank iterates.
 
-    Settles towards ``base`` (at most ``keep`` children: an idle collate process). The
-    barriers keep a peer from starting its next epoch (and connecting to the rendezvous
-    store that rank 0 hosts) while this rank still measures.
+    Settles towards ``base`` (at most ``keep`` children: an idle collate process; its
+    very ``/dev/shm`` entries, or with ``same_shm=False`` as many of them and its
+    semaphores). The barriers keep a peer from starting its next epoch (and connecting
+    to the rendezvous store that rank 0 hosts) while this rank still measures.
     """
     dist.barrier()
     children = children_settle(10.0, keep=keep)
     fds = open_fds() if base is None else fds_settle(base["fds"])
     if base is not None:
-        shm_settle(base["shm"])
+        (shm_settle if same_shm else shm_count_settle)(base["shm"])
     shm = tree_shm()
     out = dict(children=children, fds=fds, shm=shm, targets=fd_targets())
     if base is not None and fds > base["fds"]:
@@ -511,12 +525,15 @@ def lifecycle_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any
     phases.append(("epoch 0", idle))
     for n in range(1, plan.epochs):
         _epoch(loader, n, ids)
-        phases.append((f"epoch {n}", _resources(idle, keep=keep)))
+        phases.append((f"epoch {n}", _resources(idle, keep=keep, same_shm=False)))
     _epoch(loader, plan.epochs, ids, stop_at=plan.at_step)  # every rank breaks at the same step
     phases.append(("break", _resources(base)))
+    fresh = None  # after the break a new collate process: its first epoch is the reference
     for n in range(plan.epochs + 1, 2 * plan.epochs + 1):
         _epoch(loader, n, ids)
-        phases.append((f"epoch {n}", _resources(idle, keep=keep)))
+        now = _resources(fresh or idle, keep=keep, same_shm=False)
+        fresh = fresh or now
+        phases.append((f"epoch {n}", now))
     del loader
     phases.append(("loader dropped", _resources(base)))
     return dict(base=base, idle=idle, phases=phases, ids=ids)
