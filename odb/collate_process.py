@@ -1,14 +1,16 @@
 """The life of a collate process: one per loader and rank, across epochs.
 
-It is spawned at the loader's first ``iter()``, receives the user's parts (dataset,
-``collate_fn``, meter, ``worker_init_fn``) once through the start-up handshake
-(:mod:`odb.startup`), and then runs one epoch per job the trainer sends
-(:func:`odb.collate_side.collate_main`), idle in between; torch is imported and the
-dataset unpickled once, not per epoch. It ends on the trainer's stop (the loader was
-closed or garbage-collected, an iterator was abandoned mid-epoch, the interpreter
-exits), after any error of an epoch (the next ``iter()`` starts a fresh one), and by
-itself when its trainer dies (parent watchdog). Failure contract:
-``docs/reliability.md``.
+It starts at the loader's first ``iter()`` (or ``start()``), holds the user's parts
+(dataset, ``collate_fn``, meter, ``worker_init_fn``), and then runs one epoch per job
+the trainer sends (:func:`odb.collate_side.collate_main`), idle in between. Forked (the
+default on Linux, ``ODBConfig.collate_start``) it inherits the parts and the trainer's
+imports, and first lets go of what belongs to the trainer (:func:`leave_trainer`);
+spawned it imports torch and receives the parts once through the start-up handshake
+(:mod:`odb.startup`): either way once per loader, not per epoch. It ends on the
+trainer's stop (the loader was closed or garbage-collected, an iterator was abandoned
+mid-epoch, the interpreter exits), after any error of an epoch (the next ``iter()``
+starts a fresh one), and by itself when its trainer dies (parent watchdog). Failure
+contract: ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ import multiprocessing
 import os
 import pickle
 import signal
+import stat
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from odb.collate import share_batches
-from odb.collate_side import POLL_S, Heartbeat, collate_main
+from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
+from odb.comm import Rendezvous
 from odb.engine import EpochJob
 from odb.handoff import PoolWriter
 
@@ -46,17 +52,29 @@ def process_entry(
     heartbeat: Heartbeat,
     start_method: str,
     returns: Connection,
+    parts: tuple[CollateSpec, Rendezvous | None] | None = None,
 ) -> None:
-    """Body of a collate process: the handshake, then epochs until an error or a stop."""
+    """Body of a collate process: its parts, then epochs until an error or a stop.
+
+    ``parts`` is ``(spec, rendezvous)`` in a forked process (inherited, not pickled);
+    None in a spawned one, which reads them from the handshake.
+    """
+    if parts is not None:
+        leave_trainer()
     # Ctrl-C reaches the whole foreground process group; the trainer handles it and
     # stops this process through the iterator's cleanup.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # One intra-op thread, as in a DataLoader worker: the collate side's copies are
+    # small, the cores belong to the workers, and a forked child must not enter an
+    # OpenMP pool its trainer had started (GNU OpenMP hangs there).
+    torch.set_num_threads(1)
     # DataLoader workers start the way they would in the trainer (a spawned child
     # otherwise defaults to spawn, whatever the trainer uses).
     multiprocessing.set_start_method(start_method, force=True)
     threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
-    # The handshake (odb/startup.py): the user's parts arrive after the start, once.
-    spec, rendezvous = pickle.loads(jobs.recv_bytes())
+    if parts is None:  # the handshake (odb/startup.py): the parts arrive after the start
+        parts = pickle.loads(jobs.recv_bytes())
+    spec, rendezvous = parts
     ready.set()
     encoder = PoolWriter(returns)
     share_batches(encoder.pool)  # big batch fields are built in the hand-off's blocks
@@ -70,6 +88,39 @@ def process_entry(
     stop.wait()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
+
+
+def leave_trainer() -> None:
+    """In a forked collate process, let go of what belongs to the trainer.
+
+    - Every inherited socket (the trainer's Gloo and NCCL connections, its TCPStore,
+      anything of the user's) is replaced by ``/dev/null``: when the trainer dies its
+      peers see its connections close at once, not when this process ends. The
+      descriptor numbers stay taken, so a socket object inherited from the trainer that
+      is collected here later closes nothing of this process's own.
+    - Signal handlers the trainer installed in Python (a checkpoint-on-SIGTERM handler
+      of a Slurm job, say) go back to the defaults: stopping this process must not run
+      the trainer's code.
+    """
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in _open_descriptors():
+            with contextlib.suppress(OSError):  # the listing's own descriptor, now closed
+                if fd > 2 and fd != null and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
+
+
+def _open_descriptors() -> list[int]:
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        with contextlib.suppress(OSError):
+            return [int(name) for name in os.listdir(listing)]
+    return []
 
 
 def _next_job(jobs: Connection, stop: Any) -> tuple[EpochJob, str] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -243,6 +244,16 @@ class ODBConfig(LoaderConfig):
             counted in the metrics) or ``"error"`` (raise).
         collate_mode: ``"process"`` (a dedicated collate process per rank) or
             ``"thread"`` (a thread in the trainer process; for debugging).
+        collate_start_method: How a collate process starts. None (default): ``"fork"``
+            on Linux, ``"spawn"`` elsewhere (:attr:`collate_start`). A forked collate
+            process has the trainer's imports already, so its first batch comes within
+            the window ramp (measured: 1.3-2.5 s instead of 5-9 s on the real pipeline);
+            it lets go of every socket it inherited, runs torch on one thread and
+            leaves the trainer's signal handlers behind, as a fresh process would.
+            ``"spawn"`` / ``"forkserver"``: a fresh interpreter that imports torch and
+            unpickles the dataset, ``collate_fn`` and ``length_fn`` (seconds with a
+            transformers processor); they must then be picklable, and the training
+            script needs an ``if __name__ == "__main__":`` guard.
         shard: Who decides which samples a rank reads. ``"odb"``: every rank holds the
             same dataset (or global sampler) and ODB deals it. ``"rank"``: each rank's
             dataset or sampler is already its own (pre-sharded data, a
@@ -281,6 +292,7 @@ class ODBConfig(LoaderConfig):
     age_limit: int = 16
     oversize: OversizeRule = "singleton"
     collate_mode: CollateMode = "process"
+    collate_start_method: StartMethod | None = None
     shard: Shard = "auto"
     worker_start_method: StartMethod | None = None
     worker_timeout_s: float = 0.0
@@ -294,8 +306,9 @@ class ODBConfig(LoaderConfig):
         _check_choice("collate_mode", self.collate_mode, COLLATE_MODES)
         _check_choice("oversize", self.oversize, OVERSIZE_RULES)
         _check_choice("shard", self.shard, SHARD_CHOICES)
-        if self.worker_start_method is not None:
-            _check_choice("worker_start_method", self.worker_start_method, START_METHODS)
+        for field in ("collate_start_method", "worker_start_method"):
+            if getattr(self, field) is not None:
+                _check_choice(field, getattr(self, field), START_METHODS)
         if (
             isinstance(self.worker_timeout_s, bool)
             or not isinstance(self.worker_timeout_s, (int, float))
@@ -320,6 +333,17 @@ class ODBConfig(LoaderConfig):
                     "queue_depth or lower max_round_steps"
                 )
         check_int("age_limit", self.age_limit, 1)
+
+    @property
+    def collate_start(self) -> str:
+        """How a collate process starts: ``collate_start_method``, else fork on Linux, else spawn.
+
+        Fork is the default only where it is the platform's own (macOS system
+        frameworks are not fork-safe).
+        """
+        if self.collate_start_method is not None:
+            return self.collate_start_method
+        return "fork" if sys.platform.startswith("linux") else "spawn"
 
     @property
     def round_step_cap(self) -> int:

@@ -95,7 +95,7 @@ class ODBLoader:
         )
         self._pin = _pin_batches(self.config)
         if self.config.collate_mode == "process":  # fail before any collective
-            check_startable(self._spec)
+            check_startable(self._spec, self.config)
         self._rendezvous, self._store_host = open_rendezvous(
             self.config.rendezvous_host, self.config.init_timeout_s, self.config.align_timeout_s
         )
@@ -238,10 +238,11 @@ class ODBLoader:
     def start(self) -> None:
         """Start the collate side now instead of at the first ``iter()``; idempotent.
 
-        In process mode its start-up (spawning the collate process, importing torch and
-        what the dataset needs, unpickling the user's parts: seconds with a transformers
-        processor) then runs while the trainer builds its model, instead of delaying the
-        first batch. Call it on every rank, after construction. Nothing else changes: an
+        In process mode its start-up then runs while the trainer builds its model,
+        instead of delaying the first batch: a fork, and the DataLoader workers' first
+        samples; with ``collate_start_method="spawn"`` also importing torch and what the
+        dataset needs and unpickling the user's parts (seconds with a transformers
+        processor). Call it on every rank, after construction. Nothing else changes: an
         error of the start-up surfaces at ``iter()``, as without it.
         """
         self._runners.start(self._rendezvous)

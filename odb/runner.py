@@ -162,8 +162,8 @@ class CollateRunner:
         self.close(timeout_s=0.5)
         raise RuntimeError(
             f"{self.where} did not start within start_timeout_s={self._start_timeout_s} s "
-            f"(waited {waited:.1f} s): it is still re-importing your script's main module "
-            "(spawn re-runs its top-level code: is everything under an "
+            f"(waited {waited:.1f} s): a spawned one may still be re-importing your script's "
+            "main module (spawn re-runs its top-level code: is everything under an "
             '`if __name__ == "__main__":` guard?), or unpickling the dataset, collate_fn '
             "or length_fn is stuck. Raise start_timeout_s if start-up is legitimately that "
             f"slow, or use collate_mode='thread'. Its processes: {where}"

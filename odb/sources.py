@@ -238,7 +238,8 @@ def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
     A spawned collate process inherits the spawn start method, so without this its
     workers would each pay a fresh interpreter and torch import per epoch (measured:
     startup 3.4 s -> 1.4 s, docs/benchmarks.md). The collate side starts its workers
-    before it builds the alignment group, so no Gloo thread or socket is forked. In thread
+    before it builds the alignment group, so no Gloo thread or socket of its own is
+    forked (a forked collate process has let go of the trainer's, ``leave_trainer``). In thread
     mode the workers fork from the trainer process, whose start method stays the user's.
     """
     if config.num_workers == 0:

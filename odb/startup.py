@@ -1,19 +1,20 @@
-"""Starting a collate process safely: the main-guard check and the start-up handshake.
+"""Starting a spawned collate process safely: the main-guard check and the handshake.
 
-A collate process is started with ``spawn`` (forking a trainer that already runs
-threads, Gloo or CUDA is unsafe). ``spawn`` re-imports the script that started the
-trainer, which re-runs its top-level code; in a script without an
-``if __name__ == "__main__":`` guard that code builds the process group and the loader
-again, blocks in its first collective, and never lets the collate process start: the
-trainer waited forever. :func:`unguarded_main_line` finds that case before anything is
-spawned, from the script's syntax tree and the line now running, so the loader fails
-at once with a message naming the guard.
+A collate process is forked by default on Linux (``ODBConfig.collate_start``), and
+then needs neither. With ``spawn`` (or ``forkserver``) the new interpreter re-imports
+the script that started the trainer, which re-runs its top-level code; in a script
+without an ``if __name__ == "__main__":`` guard that code builds the process group and
+the loader again, blocks in its first collective, and never lets the collate process
+start: the trainer waited forever. :func:`unguarded_main_line` finds that case before
+anything is spawned, from the script's syntax tree and the line now running, so the
+loader fails at once with a message naming the guard.
 
-Every other way a collate process can fail to come up (its interpreter or imports
-stuck, the dataset's unpickling hanging) is covered by the handshake: the user's parts
-travel *after* the process has started, over a pipe written by a helper thread
-(:class:`JobSender`, which later sends the epochs' jobs on the same pipe), and the
-process confirms it holds them; no confirmation within ``start_timeout_s`` is an error.
+Every other way a spawned collate process can fail to come up (its interpreter or
+imports stuck, the dataset's unpickling hanging) is covered by the handshake: the
+user's parts travel *after* the process has started, over a pipe written by a helper
+thread (:class:`JobSender`, which later sends the epochs' jobs on the same pipe), and
+the process confirms it holds them; no confirmation within ``start_timeout_s`` is an
+error.
 """
 
 from __future__ import annotations
@@ -104,30 +105,44 @@ def _name_or_str(node: ast.expr) -> str:
 def main_guard_error(where: str, mode_field: str = "collate_mode") -> RuntimeError:
     """The error for an unguarded script: what happens, and the two ways out."""
     return RuntimeError(
-        f"{mode_field}='process' starts the collate process with the 'spawn' method, which "
+        f"{mode_field}='process' here starts the collate process with the 'spawn' method, which "
         f"re-runs the top-level code of your script in the new process; {where} is not "
         'under an `if __name__ == "__main__":` guard, so there it would build the loader '
         "(and the process group) again and block, and the loader would hang. Put the "
         'training code under `if __name__ == "__main__":` (e.g. call a main() function '
-        f"there), or use {mode_field}='thread' (no extra process)"
+        f"there), or use {mode_field}='thread' (no extra process), or fork the collate process "
+        "(collate_start_method='fork', the default on Linux)"
     )
 
 
-def check_startable(spec: Any) -> None:
+def check_startable(spec: Any, config: Any) -> None:
     """Raise now, before any collective, what would keep a collate process from starting.
 
-    An unguarded script (see above), or user parts (``spec``) that cannot be pickled.
+    With a spawned collate process (``config.collate_start``): an unguarded script (see
+    above). With a spawned collate process or spawned workers: user parts (``spec``)
+    that cannot be pickled. A forked process and forked workers need neither.
     """
-    unguarded = unguarded_main_line()
-    if unguarded is not None:
-        raise main_guard_error(unguarded)
+    spawned = config.collate_start != "fork"
+    if spawned:
+        unguarded = unguarded_main_line()
+        if unguarded is not None:
+            raise main_guard_error(unguarded)
+    workers_spawned = config.num_workers > 0 and config.worker_start_method not in (None, "fork")
+    if not (spawned or workers_spawned):
+        return
     try:
         pickle.dumps(spec)
     except Exception as exc:
+        how = (
+            f"collate_start_method={config.collate_start!r} sends"
+            if spawned
+            else f"worker_start_method={config.worker_start_method!r} sends"
+        )
         raise TypeError(
-            f"collate_mode='process' sends the dataset, collate_fn and length_fn to "
-            f"a collate process, but they cannot be pickled ({exc}). Use module-level "
-            "functions instead of lambdas/closures, or collate_mode='thread'"
+            f"collate_mode='process' with {how} the dataset, collate_fn and length_fn to "
+            f"a new interpreter, but they cannot be pickled ({exc}). Use module-level "
+            "functions instead of lambdas/closures, fork (collate_start_method='fork' "
+            "and worker_start_method=None, on Linux), or collate_mode='thread'"
         ) from exc
 
 

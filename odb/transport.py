@@ -4,19 +4,22 @@ Both transports run :func:`odb.collate_side.collate_main` once per epoch (:meth:
 and offer the same small surface (:class:`Transport`) to :class:`odb.runner.CollateRunner`,
 which owns the lifecycle (deadlines, stall detection, the error contract) on top of it.
 
-- :class:`ProcessTransport`: one spawned collate process for many epochs
-  (:mod:`odb.collate_process`); the user's parts arrive once, after the start, through
-  the start-up handshake (:mod:`odb.startup`), then one job per epoch on the same pipe;
-  batches cross in reusable shared-memory blocks leased to the trainer (:mod:`odb.handoff`).
+- :class:`ProcessTransport`: one collate process for many epochs
+  (:mod:`odb.collate_process`), forked (the user's parts inherited) or spawned (the
+  parts arrive once, after the start, through the start-up handshake,
+  :mod:`odb.startup`), then one job per epoch on a pipe; batches cross in reusable
+  shared-memory blocks leased to the trainer (:mod:`odb.handoff`).
 - :class:`ThreadTransport`: a daemon thread in the trainer per epoch, batches passed as
   they are (for debugging and ``num_workers=0``; the same semantics).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import threading
+import warnings
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
@@ -129,7 +132,12 @@ class ThreadTransport:
 
 
 class ProcessTransport:
-    """The collate side in a spawned process that runs many epochs; batches in pool blocks."""
+    """The collate side in a process that runs many epochs; batches in pool blocks.
+
+    The process is forked or spawned as ``config.collate_start`` says. A spawned one
+    re-imports the training script, so an unguarded script is refused here; a forked
+    one inherits the user's parts instead of unpickling them.
+    """
 
     def __init__(
         self,
@@ -139,12 +147,13 @@ class ProcessTransport:
         rank: int,
         rendezvous: Rendezvous | None,
     ) -> None:
-        unguarded = unguarded_main_line()
+        forked = config.collate_start == "fork"
+        unguarded = None if forked else unguarded_main_line()
         if unguarded is not None:
             raise main_guard_error(unguarded)
         self.where, self.root_name = where, "the collate process"
         self.heartbeat = Heartbeat(shared=True)
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(config.collate_start)
         self._queue: Any = ctx.Queue(maxsize=config.queue_depth)
         self._stop: Any = ctx.Event()
         self._ready: Any = ctx.Event()
@@ -162,14 +171,19 @@ class ProcessTransport:
                 self.heartbeat,
                 trainer_start_method(),
                 returns,
+                (spec, rendezvous) if forked else None,
             ),
         )
         self._blocks = PoolReader(returns_here)
-        self._process.start()
+        if forked:
+            _fork(self._process)
+        else:
+            self._process.start()
         returns.close()  # the collate process holds its own ends
         jobs_in.close()
         self._jobs = JobSender(jobs_out)
-        self._jobs.send((spec, rendezvous))  # the handshake: the user's parts, once
+        if not forked:
+            self._jobs.send((spec, rendezvous))  # the handshake: the user's parts, once
 
     def begin(self, job: EpochJob, prefix: str) -> None:
         self._jobs.send((job, prefix))
@@ -226,6 +240,26 @@ class ProcessTransport:
         self._blocks.close()
         if isinstance(process.exitcode, int) and process.exitcode < 0:
             remove_shm_of(process.pid)
+
+
+def _fork(process: Any) -> None:
+    """Fork ``process`` with the trainer's objects frozen for the garbage collector.
+
+    Frozen objects are never visited by the child's collector, so it does not write to
+    (and copy) the pages of the trainer's objects it inherited (``gc.freeze``). The
+    hazards of forking a trainer that runs threads are handled in the child
+    (:func:`odb.collate_process.leave_trainer`, one intra-op thread); Python 3.12+'s
+    warning about them is therefore silenced here.
+    """
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", "This process .* is multi-threaded", DeprecationWarning
+            )
+            process.start()
+    finally:
+        gc.unfreeze()
 
 
 def open_transport(

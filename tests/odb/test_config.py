@@ -34,6 +34,7 @@ BAD = [
     (dict(oversize="drop"), ValueError, ["oversize", "'drop'"]),
     (dict(shard="node"), ValueError, ["shard", "'node'"]),
     (dict(worker_start_method="thread"), ValueError, ["worker_start_method", "'thread'"]),
+    (dict(collate_start_method="exec"), ValueError, ["collate_start_method", "'exec'"]),
     (dict(worker_timeout_s=-1), ValueError, ["worker_timeout_s", "-1"]),
     (dict(pin_memory="yes"), TypeError, ["pin_memory", "'yes'"]),
     (dict(start_timeout_s=0), ValueError, ["start_timeout_s", "0"]),

@@ -2,7 +2,8 @@
 
 Before, a script without a main guard under ``torchrun`` hung with no output (the
 spawned collate process re-ran the script and blocked in its first collective while
-the trainer blocked writing the start-up pickle to it).
+the trainer blocked writing the start-up pickle to it). A forked collate process (the
+default on Linux) re-runs nothing, so the same script trains.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def test_guarded_lines_follow_the_main_block(tmp_path: Path) -> None:
 @pytest.mark.dist
 def test_unguarded_script_under_torchrun_fails_fast_naming_the_guard() -> None:
     started = time.monotonic()
-    code, out, err = run_torchrun(SCRIPT, 2, ["process"], timeout=120, env={"PYTHONPATH": ROOT})
+    code, out, err = run_torchrun(
+        SCRIPT, 2, ["process", "spawn"], timeout=120, env={"PYTHONPATH": ROOT}
+    )
     took = time.monotonic() - started
     assert code != 0, out[-2000:]
     assert 'if __name__ == "__main__":' in err and "collate_mode='thread'" in err, err[-3000:]
@@ -45,8 +48,9 @@ def test_unguarded_script_under_torchrun_fails_fast_naming_the_guard() -> None:
 
 
 @pytest.mark.dist
-def test_unguarded_script_in_thread_mode_trains() -> None:
-    code, out, err = run_torchrun(SCRIPT, 2, ["thread"], timeout=120, env={"PYTHONPATH": ROOT})
+@pytest.mark.parametrize("how", [["thread"], ["process"]], ids=["thread", "forked-process"])
+def test_unguarded_script_trains_without_a_spawned_process(how: list[str]) -> None:
+    code, out, err = run_torchrun(SCRIPT, 2, how, timeout=120, env={"PYTHONPATH": ROOT})
     assert code == 0, err[-3000:]
     # Two ranks share one stdout pipe, so their lines may interleave: match, do not split.
     counts = sorted(re.findall(r"RESULT (\d+) (\d+)", out))
@@ -63,7 +67,12 @@ class SlowToUnpickle(LengthDataset):
 
 
 def test_a_collate_process_that_does_not_start_is_an_error_within_the_deadline() -> None:
-    loader = odb.ODBLoader(SlowToUnpickle([5, 6, 7]), token_budget=64, start_timeout_s=3.0)
+    loader = odb.ODBLoader(
+        SlowToUnpickle([5, 6, 7]),
+        token_budget=64,
+        start_timeout_s=3.0,
+        collate_start_method="spawn",  # a forked process unpickles nothing
+    )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"did not start within start_timeout_s=3.0 s"):
