@@ -100,7 +100,10 @@ def leave_trainer() -> None:
       is collected here later closes nothing of this process's own.
     - Signal handlers the trainer installed in Python (a checkpoint-on-SIGTERM handler
       of a Slurm job, say) go back to the defaults: stopping this process must not run
-      the trainer's code.
+      the trainer's code. Except SIGCHLD's: that is torch's DataLoader handler (it
+      installs it once per process, so it would not come back), which turns a worker's
+      death into an error where a read would otherwise block on its half-written
+      message.
     """
     null = os.open(os.devnull, os.O_RDWR)
     try:
@@ -110,7 +113,7 @@ def leave_trainer() -> None:
                     os.dup2(null, fd)
     finally:
         os.close(null)
-    for number in signal.valid_signals():
+    for number in signal.valid_signals() - {signal.SIGCHLD}:
         with contextlib.suppress(OSError, ValueError):
             if callable(signal.getsignal(number)):
                 signal.signal(number, signal.SIG_DFL)

@@ -129,13 +129,13 @@ def draw_scenario(seed: int, world_size: int, mode: str = "thread") -> Scenario:
         collate_mode=mode,
         align_timeout_s=60.0,
     )
-    return Scenario(
-        seed,
-        world_size,
-        draw_lengths(rng, max(n, 0), budget, world_size, skewed),
-        options,
-        epochs=rng.choice([1, 2, 3]),
-    )
+    lengths = draw_lengths(rng, max(n, 0), budget, world_size, skewed)
+    epochs = rng.choice([1, 2, 3])
+    # Odd seeds spawn the collate process, even ones fork it (the Linux default); no
+    # draw, so every seed's scenario stays what it was.
+    if mode == "process" and seed % 2:
+        options["collate_start_method"] = "spawn"
+    return Scenario(seed, world_size, lengths, options, epochs=epochs)
 
 
 def build_loader(scenario: Scenario, rank: int, world_size: int) -> tuple[odb.ODBLoader, Any]:

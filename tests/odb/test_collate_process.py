@@ -12,6 +12,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 import odb
 from tests.dist import run_ranks
@@ -39,6 +40,13 @@ def _socket_inodes(proc: psutil.Process) -> set[str]:
         if target.startswith("socket:"):
             inodes.add(target)
     return inodes
+
+
+def _caught_signals(pid: int) -> set[int]:
+    """The signals process ``pid`` has a handler for (``SigCgt`` in its status)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return {number for number in range(1, 65) if mask >> (number - 1) & 1}
 
 
 def _sockets_rank(rank: int, world_size: int) -> dict[str, Any]:
@@ -99,3 +107,20 @@ def test_a_forked_collate_process_ignores_the_trainers_signal_handlers(tmp_path:
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not marker.exists(), f"the trainer's handler ran in process {marker.read_text()}"
+
+
+def test_a_forked_collate_process_keeps_torchs_worker_death_handler() -> None:
+    """torch installs its SIGCHLD handler once per process: the child must keep it.
+
+    Without it a worker killed while writing a sample leaves the collate process blocked
+    on the half-written message, and the trainer waits forever at world size 1.
+    """
+    # A plain DataLoader with a worker, in the main thread, installs the handler here.
+    assert len(list(DataLoader(list(range(4)), num_workers=1))) == 4
+    assert signal.SIGCHLD in _caught_signals(os.getpid())
+    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1)
+    batches = iter(loader)
+    ids = list(odb.pop_step_info(next(batches)).sample_ids)
+    assert signal.SIGCHLD in _caught_signals(_collate_process().pid)
+    ids += [i for b in batches for i in odb.pop_step_info(b).sample_ids]
+    assert sorted(ids) == list(range(len(LENGTHS)))

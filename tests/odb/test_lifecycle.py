@@ -41,12 +41,17 @@ def _children_settle(timeout_s: float = 10.0) -> list[psutil.Process]:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("mode", ["thread", "process"])
-def test_break_then_full_epochs_leave_no_children(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "start"),
+    [("thread", None), ("process", None), ("process", "spawn")],
+    ids=["thread", "process-forked", "process-spawned"],
+)
+def test_break_then_full_epochs_leave_no_children(mode: str, start: str | None) -> None:
     loader = odb.ODBLoader(
         LengthDataset([(i % 13) + 1 for i in range(120)]),
         token_budget=32,
         collate_mode=mode,
+        collate_start_method=start,
         num_workers=1,
         queue_depth=2,
     )
