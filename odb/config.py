@@ -247,9 +247,12 @@ class ODBConfig(LoaderConfig):
         collate_start_method: How a collate process starts. None (default): ``"fork"``
             on Linux, ``"spawn"`` elsewhere (:attr:`collate_start`). A forked collate
             process has the trainer's imports already, so its first batch comes within
-            the window ramp (measured: 1.3-2.5 s instead of 5-9 s on the real pipeline);
-            it lets go of every socket it inherited, runs torch on one thread and
-            leaves the trainer's signal handlers behind, as a fresh process would.
+            the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the real pipeline,
+            ``docs/benchmarks.md`` 10.4); it lets go of every socket it inherited, runs
+            torch on one thread and leaves the trainer's signal handlers behind (but
+            torch's DataLoader SIGCHLD handler), as a fresh process would.
+            Like a forked DataLoader worker it must not use CUDA: a ``collate_fn`` or
+            ``length_fn`` that does needs ``"spawn"``.
             ``"spawn"`` / ``"forkserver"``: a fresh interpreter that imports torch and
             unpickles the dataset, ``collate_fn`` and ``length_fn`` (seconds with a
             transformers processor); they must then be picklable, and the training
