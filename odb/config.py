@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -244,8 +243,8 @@ class ODBConfig(LoaderConfig):
             counted in the metrics) or ``"error"`` (raise).
         collate_mode: ``"process"`` (a dedicated collate process per rank) or
             ``"thread"`` (a thread in the trainer process; for debugging).
-        collate_start_method: How a collate process starts. None (default): ``"fork"``
-            on Linux, ``"spawn"`` elsewhere (:attr:`collate_start`). A forked collate
+        collate_start_method: How a collate process starts. None (default): ``"spawn"``
+            (:attr:`collate_start`). ``"fork"`` (opt-in, Linux): a forked collate
             process has the trainer's imports already, so its first batch comes within
             the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the real pipeline,
             ``docs/benchmarks.md`` 10.4); it lets go of every socket it inherited, runs
@@ -253,7 +252,10 @@ class ODBConfig(LoaderConfig):
             torch's DataLoader SIGCHLD handler), as a fresh process would.
             Like a forked DataLoader worker it must not use CUDA: a ``collate_fn`` or
             ``length_fn`` that does needs ``"spawn"``.
-            ``"spawn"`` / ``"forkserver"``: a fresh interpreter that imports torch and
+            A 200-scenario soak with fork had one collate process that never joined its
+            alignment group (an error after ``init_timeout_s``, no hang; a lock held by
+            another trainer thread at the fork is the suspect), so it is not the
+            default. ``"spawn"`` / ``"forkserver"``: a fresh interpreter that imports torch and
             unpickles the dataset, ``collate_fn`` and ``length_fn`` (seconds with a
             transformers processor); they must then be picklable, and the training
             script needs an ``if __name__ == "__main__":`` guard.
@@ -339,14 +341,13 @@ class ODBConfig(LoaderConfig):
 
     @property
     def collate_start(self) -> str:
-        """How a collate process starts: ``collate_start_method``, else fork on Linux, else spawn.
+        """How a collate process starts: ``collate_start_method``, else spawn.
 
-        Fork is the default only where it is the platform's own (macOS system
-        frameworks are not fork-safe).
+        Fork is opt-in: a 200-scenario soak with it found one collate process that never
+        reached its alignment group (``docs/reliability.md``, "Soak"); spawn had none in
+        1000.
         """
-        if self.collate_start_method is not None:
-            return self.collate_start_method
-        return "fork" if sys.platform.startswith("linux") else "spawn"
+        return self.collate_start_method or "spawn"
 
     @property
     def round_step_cap(self) -> int:

@@ -1,13 +1,13 @@
 """Starting a spawned collate process safely: the main-guard check and the handshake.
 
-A collate process is forked by default on Linux (``ODBConfig.collate_start``), and
-then needs neither. With ``spawn`` (or ``forkserver``) the new interpreter re-imports
-the script that started the trainer, which re-runs its top-level code; in a script
-without an ``if __name__ == "__main__":`` guard that code builds the process group and
-the loader again, blocks in its first collective, and never lets the collate process
-start: the trainer waited forever. :func:`unguarded_main_line` finds that case before
-anything is spawned, from the script's syntax tree and the line now running, so the
-loader fails at once with a message naming the guard.
+A forked collate process (opt-in, ``ODBConfig.collate_start``) needs neither. With
+``spawn`` (or ``forkserver``) the new interpreter re-imports the script that started the
+trainer, which re-runs its top-level code; in a script without an ``if __name__ ==
+"__main__":`` guard that code builds the process group and the loader again, blocks in
+its first collective, and never lets the collate process start: the trainer waited
+forever. :func:`unguarded_main_line` finds that case before anything is spawned, from
+the script's syntax tree and the line now running, so the loader fails at once with a
+message naming the guard.
 
 Every other way a spawned collate process can fail to come up (its interpreter or
 imports stuck, the dataset's unpickling hanging) is covered by the handshake: the
@@ -111,7 +111,7 @@ def main_guard_error(where: str, mode_field: str = "collate_mode") -> RuntimeErr
         "(and the process group) again and block, and the loader would hang. Put the "
         'training code under `if __name__ == "__main__":` (e.g. call a main() function '
         f"there), or use {mode_field}='thread' (no extra process), or fork the collate process "
-        "(collate_start_method='fork', the default on Linux)"
+        "(collate_start_method='fork', Linux)"
     )
 
 

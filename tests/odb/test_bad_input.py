@@ -158,18 +158,15 @@ def test_wrap_rejects_batched_dataloader() -> None:
 
 def test_unpicklable_dataset_with_a_spawned_collate_process(no_leaked_children: None) -> None:
     with pytest.raises(TypeError) as info:
-        odb.ODBLoader(
-            LambdaDataset(ok()),
-            token_budget=64,
-            collate_mode="process",
-            collate_start_method="spawn",
-        )
+        odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_mode="process")
     message = str(info.value)
     assert "pickle" in message and "collate_mode='thread'" in message, message
     assert "collate_start_method='fork'" in message, message
-    # Both suggested fixes work: a thread, or a forked collate process (Linux's default).
+    # Both suggested fixes work: a thread, or a forked collate process.
     assert _drain(odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_mode="thread")) > 0
-    forked = odb.ODBLoader(LambdaDataset(ok()), token_budget=64, num_workers=1)
+    forked = odb.ODBLoader(
+        LambdaDataset(ok()), token_budget=64, num_workers=1, collate_start_method="fork"
+    )
     assert forked.config.collate_start == "fork"
     assert _drain(forked) > 0
     del forked  # its collate process ends with it
@@ -178,7 +175,11 @@ def test_unpicklable_dataset_with_a_spawned_collate_process(no_leaked_children: 
 def test_unpicklable_dataset_with_spawned_workers(no_leaked_children: None) -> None:
     with pytest.raises(TypeError, match=r"worker_start_method='spawn'.*pickle"):
         odb.ODBLoader(
-            LambdaDataset(ok()), token_budget=64, num_workers=1, worker_start_method="spawn"
+            LambdaDataset(ok()),
+            token_budget=64,
+            num_workers=1,
+            collate_start_method="fork",
+            worker_start_method="spawn",
         )
 
 

@@ -19,6 +19,7 @@ from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 7) % 60 + 1 for i in range(80)]
+FORK = {"collate_start_method": "fork"}  # opt-in
 
 
 def _collate_process() -> psutil.Process:
@@ -53,7 +54,7 @@ def _sockets_rank(rank: int, world_size: int) -> dict[str, Any]:
     # The trainer's own group has live connections before the loader forks.
     total = torch.ones(1)
     dist.all_reduce(total)
-    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1)
+    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1, **FORK)
     batches = iter(loader)
     ids = list(odb.pop_step_info(next(batches)).sample_ids)
     child = _collate_process()
@@ -93,7 +94,7 @@ def test_a_forked_collate_process_ignores_the_trainers_signal_handlers(tmp_path:
     try:
         # Use the trainer's intra-op pool first: a forked child must not enter it.
         torch.ones(1 << 22).mul_(2).sum()
-        loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1)
+        loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1, **FORK)
         batches = iter(loader)
         odb.pop_step_info(next(batches))
         child = _collate_process()
@@ -118,7 +119,7 @@ def test_a_forked_collate_process_keeps_torchs_worker_death_handler() -> None:
     # A plain DataLoader with a worker, in the main thread, installs the handler here.
     assert len(list(DataLoader(list(range(4)), num_workers=1))) == 4
     assert signal.SIGCHLD in _caught_signals(os.getpid())
-    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1)
+    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=128, num_workers=1, **FORK)
     batches = iter(loader)
     ids = list(odb.pop_step_info(next(batches)).sample_ids)
     assert signal.SIGCHLD in _caught_signals(_collate_process().pid)

@@ -3,7 +3,7 @@
 Before, a script without a main guard under ``torchrun`` hung with no output (the
 spawned collate process re-ran the script and blocked in its first collective while
 the trainer blocked writing the start-up pickle to it). A forked collate process (the
-default on Linux) re-runs nothing, so the same script trains.
+opt-in) re-runs nothing, so the same script trains.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_unguarded_script_under_torchrun_fails_fast_naming_the_guard() -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("how", [["thread"], ["process"]], ids=["thread", "forked-process"])
+@pytest.mark.parametrize("how", [["thread"], ["process", "fork"]], ids=["thread", "forked-process"])
 def test_unguarded_script_trains_without_a_spawned_process(how: list[str]) -> None:
     code, out, err = run_torchrun(SCRIPT, 2, how, timeout=120, env={"PYTHONPATH": ROOT})
     assert code == 0, err[-3000:]

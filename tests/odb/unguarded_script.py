@@ -2,7 +2,7 @@
 
 Top-level scripts like this are common. A spawned collate process
 (``sys.argv[1:] == ["process", "spawn"]``) would re-run this file; ODB must refuse at
-once, naming the guard. A forked one (``["process"]``, the default on Linux) and thread
+once, naming the guard. A forked one (``["process", "fork"]``) and thread
 mode (``["thread"]``) train normally.
 """
 
