@@ -175,9 +175,3 @@ def _exit_now() -> None:
         except Exception:  # noqa: BLE001 - already gone
             pass
     os._exit(1)
-
-
-def trainer_start_method() -> str:
-    # allow_none: reading the default must not fix it for the user's program.
-    method = multiprocessing.get_start_method(allow_none=True)
-    return method or multiprocessing.get_all_start_methods()[0]

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from odb.config import ODBConfig
+from odb.forking import context_for, trainer_start_method
 
 
 class ViewDataset(Dataset):
@@ -233,22 +234,27 @@ def open_samples(
 
 
 def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
-    """Fork the workers of a collate *process* where the platform can.
+    """How the DataLoader workers start; a fork is always the checked one.
 
     A spawned collate process inherits the spawn start method, so without this its
     workers would each pay a fresh interpreter and torch import per epoch (measured:
-    startup 3.4 s -> 1.4 s, docs/benchmarks.md). The collate side starts its workers
-    before it builds the alignment group, so no Gloo thread or socket of its own is
-    forked (a forked collate process has let go of the trainer's, ``leave_trainer``). In thread
-    mode the workers fork from the trainer process, whose start method stays the user's.
+    startup 3.4 s -> 1.4 s, docs/benchmarks.md): a collate *process* forks them where
+    the platform can. The collate side starts its workers before it builds the
+    alignment group, so no Gloo thread or socket of its own is forked (a forked collate
+    process has let go of the trainer's, ``leave_trainer``). In thread mode the workers
+    start the way the trainer's start method says. Every fork goes through
+    :func:`odb.forking.checked_fork_context`: the workers fork from a process that runs
+    threads, and a child the interpreter deadlocks at the fork is forked again.
     """
     if config.num_workers == 0:
         return None
     if config.worker_start_method is not None:
-        return mp.get_context(config.worker_start_method)
-    if config.collate_mode != "process" or "fork" not in mp.get_all_start_methods():
-        return None
-    return mp.get_context("fork")
+        method = config.worker_start_method
+    elif config.collate_mode == "process" and "fork" in mp.get_all_start_methods():
+        method = "fork"
+    else:
+        method = trainer_start_method()
+    return context_for(method)
 
 
 def idle_template(dataset: Any) -> Callable[[], Any]:

@@ -23,14 +23,15 @@ import warnings
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
 
-import torch.multiprocessing as mp
+import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
-from odb.collate_process import process_entry, trainer_start_method
+from odb.collate_process import process_entry
 from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
 from odb.comm import Rendezvous
 from odb.config import ODBConfig
 from odb.diagnostics import death_message, remove_shm_of
 from odb.engine import EpochJob
+from odb.forking import context_for, trainer_start_method
 from odb.handoff import PoolReader
 from odb.startup import JobSender, main_guard_error, unguarded_main_line
 
@@ -153,7 +154,7 @@ class ProcessTransport:
             raise main_guard_error(unguarded)
         self.where, self.root_name = where, "the collate process"
         self.heartbeat = Heartbeat(shared=True)
-        ctx = mp.get_context(config.collate_start)
+        ctx = context_for(config.collate_start)
         self._queue: Any = ctx.Queue(maxsize=config.queue_depth)
         self._stop: Any = ctx.Event()
         self._ready: Any = ctx.Event()
@@ -248,8 +249,9 @@ def _fork(process: Any) -> None:
     Frozen objects are never visited by the child's collector, so it does not write to
     (and copy) the pages of the trainer's objects it inherited (``gc.freeze``). The
     hazards of forking a trainer that runs threads are handled in the child
-    (:func:`odb.collate_process.leave_trainer`, one intra-op thread); Python 3.12+'s
-    warning about them is therefore silenced here.
+    (:func:`odb.collate_process.leave_trainer`, one intra-op thread) and, for a child
+    the interpreter deadlocked at the fork, by the checked fork (:mod:`odb.forking`);
+    Python 3.12+'s warning about them is therefore silenced here.
     """
     gc.freeze()
     try:

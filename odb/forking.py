@@ -1,0 +1,171 @@
+"""Forking that survives a child deadlocked by the interpreter's own fork handling.
+
+CPython before 3.11.10 (and 3.10/3.9 before their 2024 security releases; 3.12+ is
+fixed) can deadlock a forked child before it runs a single Python statement: if another
+thread of the parent held the runtime's thread-state lock at the fork, the child waits
+for it forever in ``PyOS_AfterFork_Child`` (CPython gh-112275). A trainer runs such
+threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's forks of its
+collate process and of DataLoader workers hit it, measured at about one fork in a few
+hundred on Python 3.11.7 (``docs/reliability.md``).
+
+:func:`checked_fork_context` is a ``fork`` multiprocessing context whose children
+report, as their first statement, that they survived the fork. A child that has not
+reported and sleeps in the kernel is killed and forked again. Nothing is lost by the
+retry: the dead child never ran Python, so it took nothing from any queue or pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import select
+import signal
+import time
+from multiprocessing import context as mp_context
+from multiprocessing import popen_fork, util
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STUCK_AFTER_S = 2.0
+"""A child silent this long after its fork and asleep in the kernel is deadlocked.
+
+A healthy child reports microseconds after the fork; between the fork and its report it
+runs only the interpreter's at-fork code, in one thread, so a sleep there is a wait for
+a lock no thread of the child can release."""
+
+ATTEMPTS = 5
+"""Forks tried before giving up with an error."""
+
+_POLL_S = 0.25
+
+
+class ForkDeadlockError(RuntimeError):
+    """Every attempt to fork a child deadlocked before the child ran."""
+
+
+class CheckedForkPopen(popen_fork.Popen):
+    """``popen_fork.Popen`` whose child reports on a pipe once the fork is behind it."""
+
+    def _launch(self, process_obj: Any) -> None:
+        for attempt in range(1, ATTEMPTS + 1):
+            if self._launch_once(process_obj):
+                return
+            log.warning(
+                "a forked child (pid %d) deadlocked in the interpreter's fork handling "
+                "(CPython gh-112275, fixed in Python 3.11.10 and 3.12); killed it and "
+                "forked again (attempt %d of %d)",
+                self.pid,
+                attempt,
+                ATTEMPTS,
+            )
+        raise ForkDeadlockError(
+            f"{ATTEMPTS} forks in a row deadlocked before the child ran (CPython "
+            "gh-112275). Upgrade Python (3.11.10+ or 3.12+), or start processes with "
+            "spawn (ODBConfig(collate_start_method='spawn', worker_start_method='spawn'))"
+        )
+
+    def _launch_once(self, process_obj: Any) -> bool:
+        """Fork once; True when the child reported, False when it was stuck and is gone."""
+        code = 1
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - the child; its outcome is checked by the parent
+            try:
+                os.write(ready_w, b"\0")  # first statement: the fork is behind us
+                for fd in (parent_r, parent_w, ready_r, ready_w):
+                    os.close(fd)
+                code = process_obj._bootstrap(parent_sentinel=child_r)
+            finally:
+                os._exit(code)
+        os.close(ready_w)
+        try:
+            reported = _await_report(self.pid, ready_r)
+        finally:
+            os.close(ready_r)
+        if not reported:
+            _kill_and_reap(self.pid)
+            for fd in (parent_r, child_w, child_r, parent_w):
+                os.close(fd)
+            return False
+        os.close(child_w)
+        os.close(child_r)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_r, parent_w))
+        self.sentinel = parent_r
+        return True
+
+
+def _await_report(pid: int, ready_r: int) -> bool:
+    """Wait for the child's report; False once it is silent and asleep (deadlocked)."""
+    started = time.monotonic()
+    while True:
+        readable, _, _ = select.select([ready_r], [], [], _POLL_S)
+        if readable:
+            return os.read(ready_r, 1) == b"\0"
+        if time.monotonic() - started >= STUCK_AFTER_S and _asleep(pid):
+            return False
+
+
+def _asleep(pid: int) -> bool:
+    """Whether ``pid`` sleeps in the kernel (Linux ``/proc``); False where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may itself hold spaces.
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"S"
+
+
+def _kill_and_reap(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+class CheckedForkProcess(mp_context.ForkProcess):
+    """A ``fork`` process started through :class:`CheckedForkPopen`."""
+
+    _start_method = "fork"
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> CheckedForkPopen:
+        return CheckedForkPopen(process_obj)
+
+
+class CheckedForkContext(mp_context.ForkContext):
+    """The ``fork`` context, with :class:`CheckedForkProcess` as its ``Process``."""
+
+    Process = CheckedForkProcess
+
+
+_CONTEXT = CheckedForkContext()
+
+
+def checked_fork_context() -> CheckedForkContext:
+    """The ``fork`` multiprocessing context whose children are checked as above.
+
+    Its queues, events and pipes are the standard fork context's; only ``Process``
+    differs. Pass it wherever a context is taken (``DataLoader(multiprocessing_context=)``).
+    """
+    return _CONTEXT
+
+
+def trainer_start_method() -> str:
+    """The start method of this program: the one it set, else the platform's default."""
+    # allow_none: reading the default must not fix it for the user's program.
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]
+
+
+def context_for(method: str) -> mp_context.BaseContext:
+    """The multiprocessing context of start method ``method``; ``fork`` is checked."""
+    return checked_fork_context() if method == "fork" else multiprocessing.get_context(method)
