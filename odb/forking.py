@@ -101,10 +101,11 @@ class CheckedForkPopen(popen_fork.Popen):
 def _await_report(pid: int, ready_r: int) -> bool:
     """Wait for the child's report; False once it is silent and asleep (deadlocked)."""
     started = time.monotonic()
+    poller = select.poll()  # not select(): a trainer's descriptors may pass FD_SETSIZE
+    poller.register(ready_r, select.POLLIN)
     while True:
-        readable, _, _ = select.select([ready_r], [], [], _POLL_S)
-        if readable:
-            return os.read(ready_r, 1) == b"\0"
+        if poller.poll(_POLL_S * 1000):
+            return os.read(ready_r, 1) == b"\0"  # b"": the child died before it ran
         if time.monotonic() - started >= STUCK_AFTER_S and _asleep(pid):
             return False
 
