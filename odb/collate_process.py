@@ -3,7 +3,7 @@
 It starts at the loader's first ``iter()`` (or ``start()``), holds the user's parts
 (dataset, ``collate_fn``, meter, ``worker_init_fn``), and then runs one epoch per job
 the trainer sends (:func:`odb.collate_side.collate_main`), idle in between. Forked (the
-opt-in, ``ODBConfig.collate_start``) it inherits the parts and the trainer's
+default on Linux, ``ODBConfig.collate_start``) it inherits the parts and the trainer's
 imports, and first lets go of what belongs to the trainer (:func:`leave_trainer`);
 spawned it imports torch and receives the parts once through the start-up handshake
 (:mod:`odb.startup`): either way once per loader, not per epoch. It ends on the

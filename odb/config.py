@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -243,22 +244,20 @@ class ODBConfig(LoaderConfig):
             counted in the metrics) or ``"error"`` (raise).
         collate_mode: ``"process"`` (a dedicated collate process per rank) or
             ``"thread"`` (a thread in the trainer process; for debugging).
-        collate_start_method: How a collate process starts. None (default): ``"spawn"``
-            (:attr:`collate_start`). ``"fork"`` (opt-in, Linux): a forked collate
-            process has the trainer's imports already, so its first batch comes within
-            the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the real pipeline,
-            ``docs/benchmarks.md`` 10.4); it lets go of every socket it inherited, runs
-            torch on one thread and leaves the trainer's signal handlers behind (but
-            torch's DataLoader SIGCHLD handler), as a fresh process would.
-            Like a forked DataLoader worker it must not use CUDA: a ``collate_fn`` or
-            ``length_fn`` that does needs ``"spawn"``.
-            A 200-scenario soak with fork had one collate process that never joined its
-            alignment group (an error after ``init_timeout_s``, no hang; a lock held by
-            another trainer thread at the fork is the suspect), so it is not the
-            default. ``"spawn"`` / ``"forkserver"``: a fresh interpreter that imports torch and
-            unpickles the dataset, ``collate_fn`` and ``length_fn`` (seconds with a
-            transformers processor); they must then be picklable, and the training
-            script needs an ``if __name__ == "__main__":`` guard.
+        collate_start_method: How a collate process starts. None (default): ``"fork"``
+            on Linux, ``"spawn"`` elsewhere (:attr:`collate_start`). Forked, the collate
+            process has the trainer's imports and dataset already, so its first batch
+            comes within the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the
+            real pipeline, ``docs/benchmarks.md`` 10.4); it lets go of every socket it
+            inherited, runs torch on one thread and leaves the trainer's signal
+            handlers behind (but torch's DataLoader SIGCHLD handler), as a fresh
+            process would, and a fork the interpreter deadlocks (CPython gh-112275,
+            before 3.11.10) is retried (:mod:`odb.forking`). Like a forked DataLoader
+            worker it must not use CUDA: a ``collate_fn`` or ``length_fn`` that does
+            needs ``"spawn"``. ``"spawn"`` / ``"forkserver"``: a fresh interpreter that
+            imports torch and unpickles the dataset, ``collate_fn`` and ``length_fn``
+            (seconds with a transformers processor); they must then be picklable, and
+            the training script needs an ``if __name__ == "__main__":`` guard.
         shard: Who decides which samples a rank reads. ``"odb"``: every rank holds the
             same dataset (or global sampler) and ODB deals it. ``"rank"``: each rank's
             dataset or sampler is already its own (pre-sharded data, a
@@ -341,13 +340,14 @@ class ODBConfig(LoaderConfig):
 
     @property
     def collate_start(self) -> str:
-        """How a collate process starts: ``collate_start_method``, else spawn.
+        """How a collate process starts: ``collate_start_method``, else fork on Linux.
 
-        Fork is opt-in: a 200-scenario soak with it found one collate process that never
-        reached its alignment group (``docs/reliability.md``, "Soak"); spawn had none in
-        1000.
+        Elsewhere the platform's own default, spawn (macOS's system libraries are not
+        fork-safe). The soak that made fork the default: ``docs/reliability.md``, "Soak".
         """
-        return self.collate_start_method or "spawn"
+        if self.collate_start_method is not None:
+            return self.collate_start_method
+        return "fork" if sys.platform.startswith("linux") else "spawn"
 
     @property
     def round_step_cap(self) -> int:

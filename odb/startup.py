@@ -1,6 +1,6 @@
 """Starting a spawned collate process safely: the main-guard check and the handshake.
 
-A forked collate process (opt-in, ``ODBConfig.collate_start``) needs neither. With
+A forked collate process (the default on Linux, ``ODBConfig.collate_start``) needs neither. With
 ``spawn`` (or ``forkserver``) the new interpreter re-imports the script that started the
 trainer, which re-runs its top-level code; in a script without an ``if __name__ ==
 "__main__":`` guard that code builds the process group and the loader again, blocks in

@@ -253,7 +253,10 @@ def fds_settle(baseline: int, timeout_s: float = 10.0) -> int:
 
 
 def collate_process() -> psutil.Process:
-    """This rank's collate process: the spawned child that is not the resource tracker."""
+    """This rank's collate process: the child that is not the resource tracker.
+
+    Ranks are spawned, so a forked collate process carries ``spawn_main`` in its
+    command line as a spawned one does."""
     for proc in psutil.Process().children():
         try:
             if "spawn_main" in " ".join(proc.cmdline()) and not _is_tracker(proc):

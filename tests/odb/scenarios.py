@@ -131,10 +131,10 @@ def draw_scenario(seed: int, world_size: int, mode: str = "thread") -> Scenario:
     )
     lengths = draw_lengths(rng, max(n, 0), budget, world_size, skewed)
     epochs = rng.choice([1, 2, 3])
-    # Even seeds fork the collate process, odd ones spawn it (the default); no draw, so
-    # every seed's scenario stays what it was.
-    if mode == "process" and seed % 2 == 0:
-        options["collate_start_method"] = "fork"
+    # Even seeds fork the collate process (the default on Linux), odd ones spawn it; no
+    # draw, so every seed's scenario stays what it was.
+    if mode == "process" and seed % 2 == 1:
+        options["collate_start_method"] = "spawn"
     return Scenario(seed, world_size, lengths, options, epochs=epochs)
 
 

@@ -158,15 +158,13 @@ def test_wrap_rejects_batched_dataloader() -> None:
 
 def test_unpicklable_dataset_with_a_spawned_collate_process(no_leaked_children: None) -> None:
     with pytest.raises(TypeError) as info:
-        odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_mode="process")
+        odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_start_method="spawn")
     message = str(info.value)
     assert "pickle" in message and "collate_mode='thread'" in message, message
     assert "collate_start_method='fork'" in message, message
-    # Both suggested fixes work: a thread, or a forked collate process.
+    # Both suggested fixes work: a thread, or a forked collate process (Linux's default).
     assert _drain(odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_mode="thread")) > 0
-    forked = odb.ODBLoader(
-        LambdaDataset(ok()), token_budget=64, num_workers=1, collate_start_method="fork"
-    )
+    forked = odb.ODBLoader(LambdaDataset(ok()), token_budget=64, num_workers=1)
     assert forked.config.collate_start == "fork"
     assert _drain(forked) > 0
     del forked  # its collate process ends with it

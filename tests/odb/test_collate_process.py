@@ -19,7 +19,7 @@ from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 7) % 60 + 1 for i in range(80)]
-FORK = {"collate_start_method": "fork"}  # opt-in
+FORK = {"collate_start_method": "fork"}  # the default on Linux; explicit here
 
 
 def _collate_process() -> psutil.Process:

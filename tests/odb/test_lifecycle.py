@@ -43,7 +43,7 @@ def _children_settle(timeout_s: float = 10.0) -> list[psutil.Process]:
 
 @pytest.mark.parametrize(
     ("mode", "start"),
-    [("thread", None), ("process", "fork"), ("process", None)],
+    [("thread", None), ("process", None), ("process", "spawn")],
     ids=["thread", "process-forked", "process-spawned"],
 )
 def test_break_then_full_epochs_leave_no_children(mode: str, start: str | None) -> None:

@@ -3,7 +3,7 @@
 Before, a script without a main guard under ``torchrun`` hung with no output (the
 spawned collate process re-ran the script and blocked in its first collective while
 the trainer blocked writing the start-up pickle to it). A forked collate process (the
-opt-in) re-runs nothing, so the same script trains.
+default on Linux) re-runs nothing, so the same script trains.
 """
 
 from __future__ import annotations
