@@ -11,7 +11,7 @@ everything left. Samples not chosen stay and are regrouped next round
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +32,21 @@ class SampleBuffer:
     """Buffered samples of one rank, keyed by a unique sequence number.
 
     The caps are checked before a read, so the window may pass them by one sample: it
-    holds at most ``capacity`` samples and fewer than ``window_bytes`` plus one
-    sample's bytes. An empty window always has room, so reading always progresses.
+    holds at most ``capacity`` samples, and its bytes plus those of the batches the
+    trainer still holds stay under ``window_bytes`` plus one sample's bytes (or the
+    window holds one sample). An empty window always has room, so reading always
+    progresses.
 
     Args:
         budget: Group budget.
         capacity: Most samples held at once.
         age_limit: Rounds after which a sample's group is ready regardless of fill.
         window_bytes: Bytes of sample data after which the window stops reading.
+        held_bytes: Bytes of the emitted batches the trainer has not released yet;
+            None: nothing is held outside the window (a simulation).
 
     Attributes:
-        peak_nbytes: The most bytes the window has held at once.
+        peak_nbytes: The most bytes the window and the held batches took at once.
 
     Example:
         >>> buf = SampleBuffer(TokenBudget(8), capacity=4, age_limit=2, window_bytes=100)
@@ -55,12 +59,18 @@ class SampleBuffer:
     """
 
     def __init__(
-        self, budget: TokenBudget, capacity: int, age_limit: int, window_bytes: int
+        self,
+        budget: TokenBudget,
+        capacity: int,
+        age_limit: int,
+        window_bytes: int,
+        held_bytes: Callable[[], int] | None = None,
     ) -> None:
         self.budget = budget
         self.capacity = capacity
         self.age_limit = age_limit
         self.window_bytes = window_bytes
+        self.held_bytes = held_bytes if held_bytes is not None else _none_held
         self.peak_nbytes = 0
         self._entries: dict[int, _Entry] = {}
         self._tokens = 0
@@ -84,8 +94,15 @@ class SampleBuffer:
         return max((e.age for e in self._entries.values()), default=0)
 
     def has_room(self) -> bool:
-        """True while the window is under both caps (samples and bytes)."""
-        return len(self._entries) < self.capacity and self._nbytes < self.window_bytes
+        """True while the window is under both caps (samples and bytes).
+
+        The byte cap counts the batches emitted that the trainer has not released yet
+        (``held_bytes``): what the window gave away is still in memory until then. An
+        empty window always has room, so reading always progresses.
+        """
+        if len(self._entries) >= self.capacity:
+            return False
+        return not self._entries or self._nbytes + self.held_bytes() < self.window_bytes
 
     def wants_more(self, window_tokens: int) -> bool:
         """True while the window holds fewer than ``window_tokens`` and has room."""
@@ -97,7 +114,7 @@ class SampleBuffer:
         self._next_key += 1
         self._tokens += length
         self._nbytes += nbytes
-        self.peak_nbytes = max(self.peak_nbytes, self._nbytes)
+        self.peak_nbytes = max(self.peak_nbytes, self._nbytes + self.held_bytes())
 
     def plan(self, can_read_more: bool) -> tuple[list[Group], list[Group]]:
         """Group the window; return ``(ready, waiting)``, ready in emission order.
@@ -134,3 +151,7 @@ class SampleBuffer:
         self._tokens = 0
         self._nbytes = 0
         return out
+
+
+def _none_held() -> int:
+    return 0

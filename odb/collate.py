@@ -157,6 +157,11 @@ class TensorParts:
     def numel(self) -> int:
         return sum(part.numel() for part in self.parts)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the parts' data (what ``torch.cat(parts).nbytes`` would be)."""
+        return sum(part.nbytes for part in self.parts)
+
     def cat(self) -> torch.Tensor:
         """``torch.cat(self.parts)`` (the one part itself when there is one)."""
         return self.parts[0] if len(self.parts) == 1 else torch.cat(self.parts)

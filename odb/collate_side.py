@@ -17,8 +17,9 @@ import queue
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from odb.diagnostics import remove_shm_of
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 from odb.handoff import PoolWriter
 from odb.sources import idle_template, open_samples
+from odb.steps import sample_nbytes
 
 # How often the collate side re-checks a full queue for a trainer that stopped listening
 # (and the trainer re-checks a silent collate side).
@@ -195,6 +197,32 @@ def _open(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
     )
 
 
+class _HeldBatches:
+    """Bytes of the batches a collate thread handed to the trainer, until freed there.
+
+    A batch counts until its first tensor field is freed (a weak-reference finalizer,
+    run by whichever thread drops it); a batch without one is not counted.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a finalizer may run inside track()'s thread
+        self.nbytes = 0
+
+    def track(self, batch: Any) -> None:
+        values = batch.values() if isinstance(batch, Mapping) else ()
+        anchor = next((v for v in values if isinstance(v, torch.Tensor)), None)
+        if anchor is None:
+            return
+        nbytes = sample_nbytes(batch)
+        with self._lock:
+            self.nbytes += nbytes
+        weakref.finalize(anchor, self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self.nbytes -= nbytes
+
+
 @dataclass
 class _Outbox:
     """The bounded queue to the trainer, as the round loop sees it."""
@@ -202,10 +230,17 @@ class _Outbox:
     out: Any
     stop: Any
     encoder: PoolWriter | None
+    held: _HeldBatches = field(default_factory=_HeldBatches)
 
     def emit(self, batch: Any) -> None:
+        if self.encoder is None:
+            self.held.track(batch)
         if not _put(self.out, ("step", batch), self.stop, self.encoder):
             raise _Stopped
+
+    def held_bytes(self) -> int:
+        """Bytes of the emitted batches the trainer has not released yet."""
+        return self.encoder.held_bytes() if self.encoder is not None else self.held.nbytes
 
     def free_slots(self, depth: int) -> int:
         try:
@@ -241,6 +276,7 @@ def _run(
         idle_template(spec.dataset),
         emit,
         lambda: outbox.free_slots(job.config.queue_depth),
+        outbox.held_bytes,
     )
 
 

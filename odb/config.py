@@ -232,9 +232,10 @@ class ODBConfig(LoaderConfig):
             was 1 GiB; measured on the real pipeline (``bench/real_pipeline.py``,
             MM-Mix), 1 GiB cost 0.03 padding efficiency and 4 GiB 0.005
             (``docs/benchmarks.md``). Lower it on hosts with many ranks and little RAM.
-            Not counted in it: the batches emitted and not yet freed by the trainer (up
-            to ``queue_depth`` waiting, plus those the trainer holds) and the workers'
-            prefetched samples; on ShareGPT-4o they added ~0.9 GB to a 4.2 GB window.
+            Counted in it: the batches emitted and not yet freed by the trainer (up to
+            ``queue_depth`` waiting, plus those the trainer keeps); when they fill it the
+            window reads one sample at a time. Not counted: the DataLoader workers'
+            prefetched samples.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
         queue_depth: Aligned steps that may wait for the trainer (the output queue).
         max_round_steps: The most steps one alignment round may emit (``T <= this``);

@@ -85,6 +85,7 @@ def run_epoch(
     idle_template: Callable[[], Any],
     emit: Callable[[Any], None],
     free_slots: Callable[[], int],
+    held_bytes: Callable[[], int] | None = None,
 ) -> EpochResult:
     """Run one rank's epoch; every rank emits the same number of steps.
 
@@ -99,6 +100,8 @@ def run_epoch(
             read none this epoch.
         emit: Hands one finished batch (with its step info) to the trainer; may block.
         free_slots: Free places in the queue to the trainer.
+        held_bytes: Bytes of the emitted batches the trainer has not released yet; the
+            window's byte cap counts them (``ODBConfig.window_bytes``). None: none.
     """
     cfg = job.config
     metrics = EpochMetrics()
@@ -106,7 +109,7 @@ def run_epoch(
     cpu_start = cpu_clock()
     emit = _timing_first(emit, metrics)
     epoch_samples = _check_sources(job, group)
-    rounds = RankRounds(cfg, None if job.view is None else len(job.view))
+    rounds = RankRounds(cfg, None if job.view is None else len(job.view), held_bytes)
     reader = SampleReader(cfg, samples, meter, idle_template, metrics)
     for index, sample in job.carried:  # a stream's carry from the last epoch comes first
         rounds.add(*reader.measure(index, sample))

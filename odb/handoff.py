@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from odb.sources import reduce_plain_tensor, storage_bytes
+from odb.steps import sample_nbytes
 
 # Blocks come in power-of-two sizes from BLOCK_MIN_BYTES, so a freed block fits most
 # later requests of its class; a request takes the smallest free block that holds it;
@@ -54,6 +55,7 @@ class BlockPool:
 
     def __init__(self, returns: Connection) -> None:
         self._returns = returns
+        self.returned: list[int] = []  # blocks the trainer returned, for the writer
         self._blocks: dict[int, torch.Tensor] = {}
         self._holders: dict[int, int] = {}  # blocks held, by their number of holders
         self._by_address: dict[int, int] = {}  # data_ptr of a held block -> its id
@@ -103,7 +105,9 @@ class BlockPool:
         """Let go of the blocks the trainer returned and those the collate side freed."""
         try:
             while self._returns.poll():
-                self.give_back(int.from_bytes(self._returns.recv_bytes(), "little"))
+                block = int.from_bytes(self._returns.recv_bytes(), "little")
+                self.give_back(block)
+                self.returned.append(block)
         except (EOFError, OSError):  # the trainer is gone
             pass
         while self._done:
@@ -145,10 +149,31 @@ class BlockPool:
 
 
 class PoolWriter:
-    """Collate-process side: encodes batches over the pool's blocks for the queue."""
+    """Collate-process side: encodes batches over the pool's blocks for the queue.
+
+    It also knows the bytes of the batches the trainer still holds (:meth:`held_bytes`):
+    a batch counts from its encoding until the trainer returns one of its blocks, which
+    it does when the batch's tensors over that block are freed. A batch over no block
+    (every storage passed through by descriptor) is not counted: nothing would end it.
+    """
 
     def __init__(self, returns: Connection) -> None:
         self.pool = BlockPool(returns)
+        self._held: dict[int, int] = {}  # batch number -> bytes
+        self._batch_of: dict[int, int] = {}  # block -> the batch it was leased with
+        self._batches = 0
+
+    def held_bytes(self) -> int:
+        """Bytes of the encoded batches the trainer has not released yet."""
+        self.pool.collect()
+        self._release_returned()
+        return sum(self._held.values())
+
+    def _release_returned(self) -> None:
+        # Before a block is leased again: its return ends the batch it was leased with.
+        for block in self.pool.returned:
+            self._held.pop(self._batch_of.pop(block, -1), None)
+        self.pool.returned.clear()
 
     def encode(self, message: tuple[str, Any]) -> bytes:
         """``message`` pickled for the queue; a ``("step", batch)`` over the pool.
@@ -182,6 +207,11 @@ class PoolWriter:
             used.add(rest_block)
         new = [(b, t) for b in sorted(used) if (t := self.pool.first_use(b)) is not None]
         payload = (new, self.pool.take_dropped(), rest_block, buffer.getvalue())
+        self._release_returned()
+        if used:
+            self._batches += 1
+            self._held[self._batches] = sample_nbytes(batch)
+            self._batch_of.update(dict.fromkeys(used, self._batches))
         return bytes(ForkingPickler.dumps(("pooled", payload)))
 
     def end_epoch(self) -> None:

@@ -69,8 +69,9 @@ class LockstepRank:
         read_ahead_count: Samples read ahead while a collective was pending
             (:meth:`read_ahead`).
         read_ahead_s: Seconds spent reading them (inside the collective's wait).
-        peak_bytes: The most bytes the window and the samples read ahead held at once
-            while reading ahead (the window's own peak is its buffer's).
+        peak_bytes: The most bytes the window, the samples read ahead and the batches
+            the trainer holds took at once while reading ahead (the window's own peak
+            is its buffer's).
 
     Example:
         >>> from odb.config import ODBConfig
@@ -147,7 +148,9 @@ class LockstepRank:
             return False
         self._ahead_bytes += reading.nbytes
         self.read_ahead_count += 1
-        self.peak_bytes = max(self.peak_bytes, self.rounds.buffer.nbytes + self._ahead_bytes)
+        buffer = self.rounds.buffer
+        held = buffer.nbytes + self._ahead_bytes + buffer.held_bytes()
+        self.peak_bytes = max(self.peak_bytes, held)
         return self._may_read_ahead()
 
     def unread_ahead(self) -> list[Reading]:
@@ -187,7 +190,7 @@ class LockstepRank:
             return False
         return (
             len(buffer) + len(self._ahead) < buffer.capacity
-            and buffer.nbytes + self._ahead_bytes < buffer.window_bytes
+            and buffer.nbytes + self._ahead_bytes + buffer.held_bytes() < buffer.window_bytes
         )
 
     def decide(self, statuses: Sequence[RankStatus]) -> RoundOutcome:

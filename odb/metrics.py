@@ -108,7 +108,8 @@ class EpochMetrics(StepMetrics):
     # the source check and the first read) to its first batch handed to the trainer.
     first_emit_s: float = 0.0
     # The most bytes of sample data (tensors, arrays) the grouping window held at once,
-    # with the samples read ahead for later rounds.
+    # with the samples read ahead for later rounds and the batches the trainer had not
+    # freed yet (what ``window_bytes`` caps).
     peak_window_bytes: int = 0
     # CPU seconds of the collate side in this epoch (receiving the workers' samples,
     # measuring, grouping, collating, handing over): the whole collate process in process

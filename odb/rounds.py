@@ -20,7 +20,7 @@ test. Per round:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,18 +47,25 @@ class RankRounds:
         config: Loader settings (budget, window, cap, policy, join, queue depth).
         view_size: Samples this rank reads this epoch; None for a stream, whose end is
             known only when it is reached (:meth:`mark_exhausted`).
+        held_bytes: Bytes of emitted batches the trainer has not released, counted
+            against ``window_bytes`` (:class:`odb.buffer.SampleBuffer`); None: none.
 
     Attributes:
         paced_rounds: Rounds whose steps came from a paced regrouping of the window.
     """
 
-    def __init__(self, config: ODBConfig, view_size: int | None) -> None:
+    def __init__(
+        self,
+        config: ODBConfig,
+        view_size: int | None,
+        held_bytes: Callable[[], int] | None = None,
+    ) -> None:
         self.config = config
         self.view_size = view_size
         self.read_count = 0
         self.read_tokens = 0
         self.buffer = SampleBuffer(
-            config.budget, config.buffer_size, config.age_limit, config.window_bytes
+            config.budget, config.buffer_size, config.age_limit, config.window_bytes, held_bytes
         )
         self.read_limit: int | None = None
         self.recirculated = 0

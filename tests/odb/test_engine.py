@@ -113,6 +113,57 @@ def test_one_sample_over_window_bytes_is_still_read() -> None:
     assert (stats["samples"], stats["steps"]) == (5, 5)
 
 
+def _epoch_with_trainer(cfg: ODBConfig, lengths: list[int], keeps: bool) -> tuple[dict, list[int]]:
+    """``run_epoch`` whose trainer keeps every batch (``keeps``) or frees each at once;
+    the engine is told the bytes the trainer holds. Returns the metrics and each step's
+    sample count."""
+    held: list[int] = []
+    sizes: list[int] = []
+
+    def samples():
+        for i, n in enumerate(lengths):
+            ids = torch.full((n,), i)
+            yield i, {"input_ids": ids, "labels": ids.clone(), "pixels": torch.zeros(1000)}
+
+    def emit(batch: dict) -> None:
+        sizes.append(len(batch["pixels"]) // 1000)
+        if keeps:
+            held.append(sum(batch[k].nbytes for k in ("pixels", "input_ids", "labels")))
+
+    def collate(group: list[dict]) -> dict:
+        batch = PadCollate()([{k: s[k] for k in ("input_ids", "labels")} for s in group])
+        return {**batch, "pixels": torch.cat([s["pixels"] for s in group])}
+
+    result = run_epoch(
+        EpochJob(cfg, 0, 0, 1, list(range(len(lengths)))),
+        samples(),
+        AlignmentGroup(None, "test/"),
+        collate,
+        SampleMeter(cfg),
+        lambda: {"input_ids": torch.ones(1, dtype=torch.long), "labels": torch.ones(1)},
+        emit,
+        lambda: cfg.queue_depth,
+        lambda: sum(held),
+    )
+    return result.metrics, [s for s in sizes if s]
+
+
+def test_batches_the_trainer_holds_count_against_window_bytes() -> None:
+    """A trainer that frees each batch at once leaves the window its whole byte cap
+    (steps of several samples); one that keeps every batch fills the cap with them, so
+    the window then reads one sample at a time (an empty window always reads) instead
+    of piling more data on what the trainer holds. Every sample leaves once either way."""
+    lengths = [20] * 80  # 4000 bytes of pixels + 320 of ids and labels per sample
+    cfg = ODBConfig(token_budget=200, shuffle=False, window_bytes=40_000)
+    frees, free_sizes = _epoch_with_trainer(cfg, lengths, keeps=False)
+    keeps, kept_sizes = _epoch_with_trainer(cfg, lengths, keeps=True)
+    assert sum(free_sizes) == sum(kept_sizes) == len(lengths)
+    assert max(free_sizes[5:]) >= 5  # the byte cap holds ~9 samples: full steps
+    assert max(kept_sizes[10:]) == 1  # what the trainer holds passed the cap
+    assert keeps["peak_window_bytes"] >= 80 * 4000  # the held batches are counted
+    assert frees["peak_window_bytes"] < 40_000 + 4320
+
+
 @pytest.mark.parametrize("cost_model", ["padded", "packed"])
 def test_the_engine_prices_padded_tokens_with_the_cost_model(cost_model: str) -> None:
     lengths = [(i * 13) % 40 + 3 for i in range(60)] + [70]  # the last one is oversize

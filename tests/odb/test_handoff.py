@@ -166,3 +166,23 @@ def test_at_most_max_free_blocks_stay_free_and_the_trainer_unmaps_the_dropped() 
     _hand_over(writer, reader, {"x": torch.ones(handoff.BLOCK_MIN_BYTES)})  # fits none
     assert len(writer.pool._blocks) <= handoff.MAX_FREE_BLOCKS
     assert set(reader._blocks) == set(writer.pool._blocks)  # nothing dropped stays mapped
+
+
+def test_the_writer_counts_the_batches_the_trainer_holds_until_it_frees_them() -> None:
+    """What the window's byte cap counts beside the window: a batch is held from its
+    encoding until the trainer frees it, whatever order the trainer frees them in, and
+    a block reused for a later batch ends the earlier batch, not the later one."""
+    writer, reader = _pair()
+    first = _hand_over(writer, reader, {"x": torch.zeros(1000)})  # 4000 bytes
+    second = _hand_over(writer, reader, {"x": torch.zeros(250)})  # 1000 bytes
+    assert writer.held_bytes() == 5000
+    del first
+    _settle(writer, reader)
+    assert writer.held_bytes() == 1000
+    third = _hand_over(writer, reader, {"x": torch.zeros(500)})  # may reuse first's block
+    del second
+    _settle(writer, reader)
+    assert writer.held_bytes() == 2000
+    del third
+    _settle(writer, reader)
+    assert writer.held_bytes() == 0
