@@ -18,7 +18,10 @@ sample storages into and write again once nobody holds them.
   :data:`MIN_BYTES` into the smallest free slab of its deal that holds it (at most
   :data:`MAX_WASTE` times its size), or into a new slab in one of its empty slots,
   marks the slot busy and returns a reference to pickle; a new slab travels with it
-  once, as a descriptor. With neither, the storage goes torch's usual way.
+  once, as a descriptor. With neither, the storage goes torch's usual way. Before it
+  makes a new slab, a worker retires its free slabs beyond its share of the free cap,
+  largest first (marks them RETIRED and lets go of them); the collate process drops
+  them when the new slab arrives, so free slabs never hold more than the cap for long.
 * In the collate process the reference becomes a storage over the slab
   (:func:`rebuild_slab`), held in the pool; the hand-off leases it to the trainer like
   any pool block. When its last holder lets go, the slot is marked free and its worker
@@ -47,7 +50,7 @@ MIN_BYTES = 1 << 20
 """Storages smaller than this take torch's usual way (a slab saves page faults; small
 storages have few)."""
 
-MAX_WASTE = 2.0
+MAX_WASTE = 1.5
 """A free slab takes a storage of at least 1 / MAX_WASTE of its size: a slab keeps the
 pages of the largest storage it held, so this bounds memory not counted as sample data."""
 
@@ -57,17 +60,19 @@ SLOTS = 4096
 EMPTY_PER_WORKER = 256
 """Empty slots dealt to each worker per epoch, to make new slabs in."""
 
-EMPTY, FREE, BUSY = 0, 1, 2
+EMPTY, FREE, BUSY, RETIRED = 0, 1, 2, 3
 
 _arena: SlabArena | None = None
 
 
 @dataclass(frozen=True)
 class WorkerShare:
-    """One worker's deal: free slabs by slot, and empty slots for new ones."""
+    """One worker's deal: free slabs by slot, empty slots for new ones, and the most
+    bytes of free slabs it keeps."""
 
     free: dict[int, torch.Tensor]
     empty: tuple[int, ...]
+    free_cap: int
 
 
 @dataclass(frozen=True)
@@ -79,16 +84,23 @@ class SlabDeal:
 
     def for_worker(self, worker_id: int) -> WorkerSlabs:
         share = self.shares[worker_id]
-        return WorkerSlabs(self.status.numpy(), dict(share.free), list(share.empty))
+        return WorkerSlabs(self.status.numpy(), dict(share.free), list(share.empty), share.free_cap)
 
 
 class WorkerSlabs:
     """A worker's slabs, in the worker: places big storages into them."""
 
-    def __init__(self, state: np.ndarray, slabs: dict[int, torch.Tensor], empty: list[int]) -> None:
+    def __init__(
+        self,
+        state: np.ndarray,
+        slabs: dict[int, torch.Tensor],
+        empty: list[int],
+        free_cap: int,
+    ) -> None:
         self._state = state
         self._slabs = slabs
         self._empty = empty
+        self._free_cap = free_cap
 
     def place(
         self, storage: torch.UntypedStorage
@@ -104,6 +116,7 @@ class WorkerSlabs:
         if slot is None:
             if not self._empty:
                 return None
+            self._retire_beyond(self._free_cap)
             slot = self._empty.pop()
             new = torch.UntypedStorage._new_shared(_slab_size(nbytes))
             self._slabs[slot] = torch.empty(0, dtype=torch.uint8).set_(new)
@@ -111,6 +124,20 @@ class WorkerSlabs:
         np.copyto(target, torch.empty(0, dtype=torch.uint8).set_(storage).numpy(), casting="no")
         self._state[slot] = BUSY
         return slot, nbytes, new
+
+    def _retire_beyond(self, cap: int) -> None:
+        """Let go of free slabs, largest first, until they hold at most ``cap`` bytes."""
+        free = sorted(
+            (s for s in self._slabs if self._state[s] == FREE),
+            key=lambda s: self._slabs[s].numel(),
+            reverse=True,
+        )
+        total = sum(self._slabs[s].numel() for s in free)
+        for slot in free:
+            if total <= cap:
+                return
+            total -= self._slabs.pop(slot).numel()
+            self._state[slot] = RETIRED
 
     def _fitting(self, nbytes: int) -> int | None:
         best, best_size = None, 0
@@ -143,9 +170,10 @@ class SlabArena:
         """Share the free slabs and empty slots among ``workers`` about to fork.
 
         Call it while no worker of an earlier deal lives. Slot states are first made
-        true again: a slab no tensor holds is free (a worker's message that never
-        arrived left it busy), a slot without a slab is empty. Free slabs beyond
-        ``keep_bytes`` in all are dropped, largest first.
+        true again: retired slabs are dropped, a slab no tensor holds is free (a
+        worker's message that never arrived left it busy), a slot without a slab is
+        empty. Free slabs beyond ``keep_bytes`` in all are dropped, largest first, and
+        each worker may keep ``keep_bytes / workers`` of free slabs.
         """
         self._reconcile()
         free = sorted(
@@ -162,6 +190,7 @@ class SlabArena:
             WorkerShare(
                 free={s: self.pool_block(s) for s in free[w::workers]},
                 empty=tuple(empty[w * per_worker : (w + 1) * per_worker]),
+                free_cap=keep_bytes // max(workers, 1),
             )
             for w in range(workers)
         )
@@ -173,6 +202,7 @@ class SlabArena:
     ) -> torch.UntypedStorage:
         """The storage a worker placed in ``slot`` (adopting the slab if ``new``)."""
         if new is not None:
+            self._drop_retired()  # a worker retires slabs only before it makes one
             if slot in self._block_of:  # a stale slab no deal gave out any more
                 self._drop(slot)
             block = self.pool.adopt(torch.empty(0, dtype=torch.uint8).set_(new), self._freed)
@@ -198,7 +228,12 @@ class SlabArena:
         self.pool.drop_foreign(block)
         self._state[slot] = EMPTY
 
+    def _drop_retired(self) -> None:
+        for slot in [s for s in self._block_of if self._state[s] == RETIRED]:
+            self._drop(slot)
+
     def _reconcile(self) -> None:
+        self._drop_retired()
         for slot in range(len(self._state)):
             block = self._block_of.get(slot)
             if block is None:

@@ -272,15 +272,21 @@ def open_samples(
     return iter(loader)
 
 
+# Free slabs a collate process keeps, as a fraction of ``window_bytes``: enough for the
+# batches freed while the next samples are read, few enough to stay in the memory bound.
+FREE_SLAB_SHARE = 8
+
+
 def _deal(config: ODBConfig, context: mp.context.BaseContext | None) -> SlabDeal | None:
     """This epoch's slabs for workers about to fork from a collate process; else None.
 
     A spawned worker does not inherit the slabs' mappings, so it keeps torch's way.
+    Free slabs are kept up to ``window_bytes / FREE_SLAB_SHARE``.
     """
     arena = current_arena()
     if arena is None or context is None or context.get_start_method() != "fork":
         return None
-    return arena.deal(config.num_workers, config.window_bytes)
+    return arena.deal(config.num_workers, config.window_bytes // FREE_SLAB_SHARE)
 
 
 def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:

@@ -99,6 +99,21 @@ def test_a_deal_frees_slabs_whose_message_never_arrived_and_trims_to_the_cap(are
     assert int((arena.status == slabs.FREE).sum()) == 1
 
 
+def test_a_worker_retires_free_slabs_beyond_its_cap_before_it_makes_one(arena: Any) -> None:
+    worker = arena.deal(1, keep_bytes=3 * MIB).for_worker(0)
+    small, large = (worker.place(_bytes_of(1, n * MIB)) for n in (2, 4))
+    _received(small), _received(large)  # dropped at once: both free, 6 MiB in all
+    gc.collect()
+    arena.pool.collect()
+    big = worker.place(_bytes_of(2, 8 * MIB))  # fits neither: a new slab, after retiring
+    assert arena.status[large[0]] == slabs.RETIRED  # the largest, down to 2 MiB <= 3 MiB
+    assert arena.status[small[0]] == slabs.FREE
+    _received(big)  # the collate side drops the retired slab as the new one arrives
+    assert arena.status[large[0]] == slabs.EMPTY and large[0] not in arena._block_of
+    again = worker.place(_bytes_of(3, 2 * MIB))
+    assert again is not None and again[0] == small[0] and again[2] is None
+
+
 PIXELS = 600_000  # float32: 2.4 MB per sample, above slabs.MIN_BYTES
 SAMPLES = 48
 
