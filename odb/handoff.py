@@ -97,12 +97,12 @@ class BlockPool:
         self._foreign[block_id] = on_free
         return block_id
 
-    def hold_view(self, block: int, nbytes: int) -> torch.UntypedStorage:
-        """A storage over the first ``nbytes`` of ``block``, held until it is freed."""
+    def hold_view(self, block: int) -> torch.UntypedStorage:
+        """A storage over the whole of ``block``, held until it is freed."""
         self._hold(block)
         lease = _Lease(self._blocks[block])
         weakref.finalize(lease, self._done.append, block)
-        return torch.from_numpy(np.asarray(lease)[:nbytes]).untyped_storage()
+        return torch.from_numpy(np.asarray(lease)).untyped_storage()
 
     def block(self, block: int) -> torch.Tensor:
         """The ``uint8`` tensor over the whole of ``block``."""

@@ -22,10 +22,12 @@ sample storages into and write again once nobody holds them.
   makes a new slab, a worker retires its free slabs beyond its share of the free cap,
   largest first (marks them RETIRED and lets go of them); the collate process drops
   them when the new slab arrives, so free slabs never hold more than the cap for long.
-* In the collate process the reference becomes a storage over the slab
-  (:func:`rebuild_slab`), held in the pool; the hand-off leases it to the trainer like
-  any pool block. When its last holder lets go, the slot is marked free and its worker
-  may write the slab again.
+* In the collate process the reference becomes a storage over the whole slab
+  (:func:`rebuild_slab`; the window counts the slab's bytes), held in the pool; the
+  hand-off leases it to the trainer like any pool block. When its last holder lets go,
+  the slot is marked free and its worker may write the slab again. The free slabs'
+  bytes count against ``window_bytes`` too (:meth:`SlabArena.free_bytes`), so window,
+  held batches and free slabs together stay under it.
 
 Invariant: a worker writes only into slabs of its own deal whose slot is free, and a
 slot is marked free only when no tensor over its slab lives in the collate process or
@@ -173,7 +175,8 @@ class SlabArena:
         true again: retired slabs are dropped, a slab no tensor holds is free (a
         worker's message that never arrived left it busy), a slot without a slab is
         empty. Free slabs beyond ``keep_bytes`` in all are dropped, largest first, and
-        each worker may keep ``keep_bytes / workers`` of free slabs.
+        a worker about to make a new slab retires its free ones beyond
+        ``keep_bytes / (2 * workers)``.
         """
         self._reconcile()
         free = sorted(
@@ -190,17 +193,25 @@ class SlabArena:
             WorkerShare(
                 free={s: self.pool_block(s) for s in free[w::workers]},
                 empty=tuple(empty[w * per_worker : (w + 1) * per_worker]),
-                free_cap=keep_bytes // max(workers, 1),
+                free_cap=keep_bytes // (2 * max(workers, 1)),
             )
             for w in range(workers)
         )
         self.reused_bytes = self.new_bytes = 0
         return SlabDeal(self.status, shares)
 
+    def free_bytes(self) -> int:
+        """Bytes of the free slabs (kept for the workers' next samples)."""
+        return sum(self._size(s) for s in self._block_of if self._state[s] == FREE)
+
     def receive(
         self, slot: int, nbytes: int, new: torch.UntypedStorage | None
     ) -> torch.UntypedStorage:
-        """The storage a worker placed in ``slot`` (adopting the slab if ``new``)."""
+        """The storage a worker placed in ``slot`` (adopting the slab if ``new``).
+
+        It spans the whole slab (the sample's tensors view its first ``nbytes``), so
+        the window's byte count is the memory the sample keeps, not less.
+        """
         if new is not None:
             self._drop_retired()  # a worker retires slabs only before it makes one
             if slot in self._block_of:  # a stale slab no deal gave out any more
@@ -210,7 +221,7 @@ class SlabArena:
             self.new_bytes += nbytes
         else:
             self.reused_bytes += nbytes
-        return self.pool.hold_view(self._block_of[slot], nbytes)
+        return self.pool.hold_view(self._block_of[slot])
 
     def pool_block(self, slot: int) -> torch.Tensor:
         """The ``uint8`` tensor over the slab in ``slot``."""

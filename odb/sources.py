@@ -272,9 +272,10 @@ def open_samples(
     return iter(loader)
 
 
-# Free slabs a collate process keeps, as a fraction of ``window_bytes``: enough for the
-# batches freed while the next samples are read, few enough to stay in the memory bound.
-FREE_SLAB_SHARE = 8
+# Free slabs a collate process keeps from one epoch to the next, as a fraction of
+# ``window_bytes`` (each worker retires its free ones beyond half its share of this
+# before it makes a new slab). They count against ``window_bytes``.
+FREE_SLAB_SHARE = 2
 
 
 def _deal(config: ODBConfig, context: mp.context.BaseContext | None) -> SlabDeal | None:
