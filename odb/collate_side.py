@@ -28,7 +28,7 @@ from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.diagnostics import remove_shm_of
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 from odb.handoff import PoolWriter
-from odb.slabs import SlabArena, current_arena
+from odb.slabs import current_arena
 from odb.sources import idle_template, open_samples
 from odb.steps import sample_nbytes
 
@@ -278,20 +278,12 @@ def _run(
         idle_template(spec.dataset),
         emit,
         lambda: outbox.free_slots(job.config.queue_depth),
-        _held_and_free(outbox, arena),
+        outbox.held_bytes,
     )
     if arena is not None:
         result.metrics["shm_reused_bytes"] = arena.reused_bytes
         result.metrics["shm_new_bytes"] = arena.new_bytes
     return result
-
-
-def _held_and_free(outbox: _Outbox, arena: SlabArena | None) -> Callable[[], int]:
-    """What counts against ``window_bytes`` besides the window: the batches the trainer
-    holds, and a collate process's free slabs (``odb.slabs``)."""
-    if arena is None:
-        return outbox.held_bytes
-    return lambda: outbox.held_bytes() + arena.free_bytes()
 
 
 def _silence_sigchld() -> None:

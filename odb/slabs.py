@@ -25,9 +25,7 @@ sample storages into and write again once nobody holds them.
 * In the collate process the reference becomes a storage over the whole slab
   (:func:`rebuild_slab`; the window counts the slab's bytes), held in the pool; the
   hand-off leases it to the trainer like any pool block. When its last holder lets go,
-  the slot is marked free and its worker may write the slab again. The free slabs'
-  bytes count against ``window_bytes`` too (:meth:`SlabArena.free_bytes`), so window,
-  held batches and free slabs together stay under it.
+  the slot is marked free and its worker may write the slab again.
 
 Invariant: a worker writes only into slabs of its own deal whose slot is free, and a
 slot is marked free only when no tensor over its slab lives in the collate process or
@@ -85,8 +83,18 @@ class SlabDeal:
     shares: tuple[WorkerShare, ...]
 
     def for_worker(self, worker_id: int) -> WorkerSlabs:
+        """The worker's slabs (in the worker). The deal lets go of them, so a slab the
+        worker retires is unmapped here."""
         share = self.shares[worker_id]
-        return WorkerSlabs(self.status.numpy(), dict(share.free), list(share.empty), share.free_cap)
+        free = dict(share.free)
+        self.forget()
+        return WorkerSlabs(self.status.numpy(), free, list(share.empty), share.free_cap)
+
+    def forget(self) -> None:
+        """Drop the deal's references to the free slabs (in the collate process once
+        the workers have forked: a slab they retire is then unmapped there too)."""
+        for share in self.shares:
+            share.free.clear()
 
 
 class WorkerSlabs:
@@ -199,10 +207,6 @@ class SlabArena:
         )
         self.reused_bytes = self.new_bytes = 0
         return SlabDeal(self.status, shares)
-
-    def free_bytes(self) -> int:
-        """Bytes of the free slabs (kept for the workers' next samples)."""
-        return sum(self._size(s) for s in self._block_of if self._state[s] == FREE)
 
     def receive(
         self, slot: int, nbytes: int, new: torch.UntypedStorage | None

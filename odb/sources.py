@@ -258,24 +258,28 @@ def open_samples(
     )
     context = _worker_context(config)
     inline = config.collate_mode == "process"
+    deal = _deal(config, context) if inline else None
     loader = DataLoader(
         source,
         batch_size=None,
         shuffle=False,
         num_workers=config.num_workers,
         prefetch_factor=config.prefetch_factor,
-        collate_fn=WorkerPickle(inline=inline, slabs=_deal(config, context) if inline else None),
+        collate_fn=WorkerPickle(inline=inline, slabs=deal),
         multiprocessing_context=context,
         worker_init_fn=worker_init_fn,
         timeout=config.worker_timeout_s if config.num_workers else 0,
     )
-    return iter(loader)
+    samples = iter(loader)  # the workers fork here, with the deal's slabs
+    if deal is not None:
+        deal.forget()
+    return samples
 
 
-# Free slabs a collate process keeps from one epoch to the next, as a fraction of
-# ``window_bytes`` (each worker retires its free ones beyond half its share of this
-# before it makes a new slab). They count against ``window_bytes``.
-FREE_SLAB_SHARE = 2
+# Free slabs a collate process keeps, as a fraction of ``window_bytes``: from one epoch
+# to the next this much, and each worker retires its free ones beyond half its share of
+# it before it makes a new slab.
+FREE_SLAB_SHARE = 4
 
 
 def _deal(config: ODBConfig, context: mp.context.BaseContext | None) -> SlabDeal | None:
