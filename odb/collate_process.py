@@ -35,7 +35,6 @@ from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
 from odb.comm import Rendezvous
 from odb.engine import EpochJob
 from odb.handoff import PoolWriter
-from odb.slabs import open_arena
 
 # How often a collate process checks that its trainer is still alive.
 _WATCHDOG_S = 0.5
@@ -79,7 +78,6 @@ def process_entry(
     ready.set()
     encoder = PoolWriter(returns)
     share_batches(encoder.pool)  # big batch fields are built in the hand-off's blocks
-    open_arena(encoder.pool)  # the workers' big sample tensors go into recycled slabs
     while (message := _next_job(jobs, stop)) is not None:
         job, prefix = message
         if not collate_main(spec, job, rendezvous, prefix, out, stop, heartbeat, encoder):

@@ -28,7 +28,6 @@ from odb.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
 from odb.diagnostics import remove_shm_of
 from odb.engine import EpochJob, EpochResult, SampleMeter, run_epoch
 from odb.handoff import PoolWriter
-from odb.slabs import current_arena
 from odb.sources import idle_template, open_samples
 from odb.steps import sample_nbytes
 
@@ -268,8 +267,7 @@ def _run(
         heartbeat.beat()
         return spec.collate_fn(group_samples)
 
-    arena = current_arena() if outbox.encoder is not None else None
-    result = run_epoch(
+    return run_epoch(
         job,
         samples,
         group,
@@ -280,10 +278,6 @@ def _run(
         lambda: outbox.free_slots(job.config.queue_depth),
         outbox.held_bytes,
     )
-    if arena is not None:
-        result.metrics["shm_reused_bytes"] = arena.reused_bytes
-        result.metrics["shm_new_bytes"] = arena.new_bytes
-    return result
 
 
 def _silence_sigchld() -> None:

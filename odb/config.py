@@ -235,9 +235,7 @@ class ODBConfig(LoaderConfig):
             Counted in it: the batches emitted and not yet freed by the trainer (up to
             ``queue_depth`` waiting, plus those the trainer keeps); when they fill it the
             window reads one sample at a time. Not counted: the DataLoader workers'
-            prefetched samples, and a collate process's free slabs (recycled shared
-            memory for the workers' sample tensors, :mod:`odb.slabs`; at most an
-            eighth of this is kept free).
+            prefetched samples.
         buffer_size: Hard cap on buffered samples per rank (memory bound).
         queue_depth: Aligned steps that may wait for the trainer (the output queue).
         max_round_steps: The most steps one alignment round may emit (``T <= this``);

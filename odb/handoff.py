@@ -11,11 +11,8 @@ process, which reuses the block. So a consumer may keep a batch as long as it li
 56 MB batch in fresh memory took 40 ms here (page faults and zeroing), in a reused
 block 8 ms (``docs/benchmarks.md`` section 10).
 
-The pool also keeps the slabs DataLoader workers write sample tensors into
-(:mod:`odb.slabs`): foreign blocks, never handed out for a batch, leased to the trainer
-like the others when a sample passes through, and reported to their owner when nobody
-holds them any more. A tensor that is neither plain nor on the CPU, and a storage
-already in shared memory from elsewhere (a worker's fresh shared memory), travel with
+A tensor that is neither plain nor on the CPU, and a storage already in shared memory
+from elsewhere (a sample's field passed through from a DataLoader worker), travel with
 torch's own reductions (a descriptor, no copy). A decoded batch owns its memory.
 """
 
@@ -26,7 +23,6 @@ import contextlib
 import io
 import pickle
 import weakref
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -55,10 +51,6 @@ class BlockPool:
     alive on either side ever sees it rewritten. A block travels to the trainer as a
     descriptor once (:meth:`first_use`) with the first batch that uses it; ids are
     never reused, so a late return of a dropped block is ignored.
-
-    A foreign block (:meth:`adopt`, a slab of :mod:`odb.slabs`) is held and leased the
-    same way but never handed out by :meth:`empty` nor dropped when free; when its last
-    holder lets go, its ``on_free`` callback runs instead.
     """
 
     def __init__(self, returns: Connection) -> None:
@@ -70,13 +62,12 @@ class BlockPool:
         self._done: collections.deque[int] = collections.deque()  # collate side let go
         self._sent: set[int] = set()  # blocks the trainer has mapped
         self._dropped: list[int] = []  # dropped since the trainer last heard, still mapped there
-        self._foreign: dict[int, Callable[[int], None]] = {}  # slabs -> their on_free
         self._next_id = 0
 
     def empty(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` tensor over a whole free block of at least ``nbytes`` bytes."""
         self.collect()
-        free = self._free_own()
+        free = [b for b in self._blocks if b not in self._holders]
         fits = [b for b in free if nbytes <= self._blocks[b].numel()]
         if fits:
             block = min(fits, key=lambda b: self._blocks[b].numel())
@@ -86,40 +77,6 @@ class BlockPool:
         lease = _Lease(self._blocks[block])
         weakref.finalize(lease, self._done.append, block)
         return torch.from_numpy(np.asarray(lease))
-
-    def adopt(self, block: torch.Tensor, on_free: Callable[[int], None]) -> int:
-        """Register ``block`` (a ``uint8`` tensor over shared memory) as a foreign block.
-
-        Returns its id. ``on_free(id)`` runs each time its last holder lets go.
-        """
-        block_id, self._next_id = self._next_id, self._next_id + 1
-        self._blocks[block_id] = block
-        self._foreign[block_id] = on_free
-        return block_id
-
-    def hold_view(self, block: int) -> torch.UntypedStorage:
-        """A storage over the whole of ``block``, held until it is freed."""
-        self._hold(block)
-        lease = _Lease(self._blocks[block])
-        weakref.finalize(lease, self._done.append, block)
-        return torch.from_numpy(np.asarray(lease)).untyped_storage()
-
-    def block(self, block: int) -> torch.Tensor:
-        """The ``uint8`` tensor over the whole of ``block``."""
-        return self._blocks[block]
-
-    def is_held(self, block: int) -> bool:
-        """True while a tensor over ``block`` lives on either side."""
-        self.collect()
-        return block in self._holders
-
-    def drop_foreign(self, block: int) -> None:
-        """Forget a free foreign block (the trainer unmaps it with the next batch)."""
-        assert block not in self._holders, "a held block cannot be dropped"
-        del self._blocks[block], self._foreign[block]
-        if block in self._sent:
-            self._sent.remove(block)
-            self._dropped.append(block)
 
     def lend(self, storage: torch.UntypedStorage) -> int | None:
         """The id of the held block ``storage`` is over, now leased to the trainer too."""
@@ -159,7 +116,7 @@ class BlockPool:
     def end_epoch(self) -> None:
         """Drop the free blocks; the trainer drops its mappings, so blocks are sent anew."""
         self.collect()
-        for block in self._free_own():
+        for block in [b for b in self._blocks if b not in self._holders]:
             del self._blocks[block]
         self._sent.clear()
         self._dropped.clear()
@@ -176,10 +133,6 @@ class BlockPool:
         self._blocks[block] = torch.empty(0, dtype=torch.uint8).set_(storage)
         return block
 
-    def _free_own(self) -> list[int]:
-        """The pool's own blocks (not foreign) that nobody holds."""
-        return [b for b in self._blocks if b not in self._holders and b not in self._foreign]
-
     def _hold(self, block: int) -> None:
         self._holders[block] = self._holders.get(block, 0) + 1
         self._by_address[self._blocks[block].data_ptr()] = block
@@ -193,9 +146,6 @@ class BlockPool:
             return
         del self._holders[block]
         self._by_address.pop(self._blocks[block].data_ptr(), None)
-        on_free = self._foreign.get(block)
-        if on_free is not None:
-            on_free(block)
 
 
 class PoolWriter:

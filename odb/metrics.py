@@ -117,11 +117,6 @@ class EpochMetrics(StepMetrics):
     collate_cpu_s: float = 0.0
     # Samples read while waiting for the peers' statuses, for later rounds.
     read_ahead: int = 0
-    # Bytes of sample tensors the DataLoader workers wrote into recycled shared memory
-    # (slabs written before) and into new slabs (odb.slabs; a collate process whose
-    # workers fork); 0 in thread mode, where they take torch's fresh shared memory.
-    shm_reused_bytes: int = 0
-    shm_new_bytes: int = 0
 
     def record_tail(self, statuses: Sequence[RankStatus], end: bool) -> None:
         """Count rounds after every rank has read its whole view (the termination tail).

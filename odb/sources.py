@@ -14,15 +14,13 @@ is one ``(index, sample)`` pair (public ``torch.utils.data`` API only).
 
 A worker pickles each item itself (:class:`WorkerPickle`). For a collate *process*,
 tensor storages up to ``_INLINE_MAX_BYTES`` travel as bytes inside the pickle instead
-of one shared-memory segment and one descriptor handshake each, and big ones go into
-the collate process's recycled slabs where the workers fork (:mod:`odb.slabs`).
+of one shared-memory segment and one descriptor handshake each.
 :func:`reduce_plain_tensor` and :func:`rebuild_tensor` are shared with the trainer
 hand-off (:mod:`odb.runner`).
 """
 
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import pickle
 from collections.abc import Callable, Iterator
@@ -36,7 +34,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from odb.config import ODBConfig
 from odb.forking import context_for, trainer_start_method
-from odb.slabs import SlabDeal, WorkerSlabs, current_arena, rebuild_slab
 
 
 class ViewDataset(Dataset):
@@ -113,35 +110,15 @@ class WorkerPickle:
     in the main thread, where PyTorch's SIGCHLD handler interrupts the read and names the
     dead worker. A collate thread has no such handler and would wait forever, so in
     thread mode tensors keep travelling as shared-memory handles (short messages).
-
-    With ``slabs`` (this epoch's deal of a collate process whose workers fork) big
-    storages are written into the worker's recycled slabs (:mod:`odb.slabs`).
     """
 
     inline: bool
-    slabs: SlabDeal | None = None
 
     def __call__(self, item: Any) -> Any:
-        worker = get_worker_info()
-        if worker is None:
+        if get_worker_info() is None:
             return item
-        if not self.inline:
-            return _Pickled(bytes(ForkingPickler.dumps(item, pickle.HIGHEST_PROTOCOL)))
-        slabs = _worker_slabs(self.slabs, worker.id)
-        return _Pickled(bytes(_InlinePickler.dumps(item, pickle.HIGHEST_PROTOCOL, slabs)))
-
-
-_slabs_of_worker: tuple[SlabDeal, WorkerSlabs] | None = None
-
-
-def _worker_slabs(deal: SlabDeal | None, worker_id: int) -> WorkerSlabs | None:
-    """This worker's slabs of ``deal`` (kept for the worker's life)."""
-    global _slabs_of_worker
-    if deal is None:
-        return None
-    if _slabs_of_worker is None or _slabs_of_worker[0] is not deal:
-        _slabs_of_worker = (deal, deal.for_worker(worker_id))
-    return _slabs_of_worker[1]
+        pickler = _InlinePickler if self.inline else ForkingPickler
+        return _Pickled(bytes(pickler.dumps(item, pickle.HIGHEST_PROTOCOL)))
 
 
 class _Pickled:
@@ -155,35 +132,21 @@ class _Pickled:
 
 
 class _InlinePickler(ForkingPickler):
-    """ForkingPickler that writes small storages of plain CPU tensors as bytes, and big
-    ones into the worker's slabs where it has them."""
+    """ForkingPickler that writes small storages of plain CPU tensors as bytes."""
 
-    def __init__(
-        self, file: Any, protocol: int | None = None, slabs: WorkerSlabs | None = None
-    ) -> None:
+    def __init__(self, file: Any, protocol: int | None = None) -> None:
         super().__init__(file, protocol)
         self._storages: dict[tuple[int, int], torch.UntypedStorage] = {}
-        self._slabs = slabs
-
-    @classmethod
-    def dumps(  # type: ignore[override]
-        cls, obj: Any, protocol: int | None = None, slabs: WorkerSlabs | None = None
-    ) -> memoryview:
-        buffer = io.BytesIO()
-        cls(buffer, protocol, slabs).dump(obj)
-        return buffer.getbuffer()
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             return reduce_plain_tensor(obj, self._storages) or NotImplemented
-        if type(obj) is not torch.UntypedStorage or obj.device.type != "cpu":
-            return NotImplemented
-        if obj.nbytes() <= _INLINE_MAX_BYTES:
+        if (
+            type(obj) is torch.UntypedStorage
+            and obj.device.type == "cpu"
+            and obj.nbytes() <= _INLINE_MAX_BYTES
+        ):
             return _storage_from_array, (storage_bytes(obj).numpy(),)
-        if self._slabs is not None and not obj.is_shared():
-            placed = self._slabs.place(obj)
-            if placed is not None:
-                return rebuild_slab, placed
         return NotImplemented
 
 
@@ -256,42 +219,18 @@ def open_samples(
         if view is None
         else ViewDataset(dataset, view)
     )
-    context = _worker_context(config)
-    inline = config.collate_mode == "process"
-    deal = _deal(config, context) if inline else None
     loader = DataLoader(
         source,
         batch_size=None,
         shuffle=False,
         num_workers=config.num_workers,
         prefetch_factor=config.prefetch_factor,
-        collate_fn=WorkerPickle(inline=inline, slabs=deal),
-        multiprocessing_context=context,
+        collate_fn=WorkerPickle(inline=config.collate_mode == "process"),
+        multiprocessing_context=_worker_context(config),
         worker_init_fn=worker_init_fn,
         timeout=config.worker_timeout_s if config.num_workers else 0,
     )
-    samples = iter(loader)  # the workers fork here, with the deal's slabs
-    if deal is not None:
-        deal.forget()
-    return samples
-
-
-# Free slabs a collate process keeps, as a fraction of ``window_bytes``: from one epoch
-# to the next this much, and each worker retires its free ones beyond half its share of
-# it before it makes a new slab.
-FREE_SLAB_SHARE = 4
-
-
-def _deal(config: ODBConfig, context: mp.context.BaseContext | None) -> SlabDeal | None:
-    """This epoch's slabs for workers about to fork from a collate process; else None.
-
-    A spawned worker does not inherit the slabs' mappings, so it keeps torch's way.
-    Free slabs are kept up to ``window_bytes / FREE_SLAB_SHARE``.
-    """
-    arena = current_arena()
-    if arena is None or context is None or context.get_start_method() != "fork":
-        return None
-    return arena.deal(config.num_workers, config.window_bytes // FREE_SLAB_SHARE)
+    return iter(loader)
 
 
 def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
