@@ -46,6 +46,12 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 * ``steps``: batches per rank (the slowest rank), IDLE steps apart;
 * odb only: its ``stats()`` per rank and epoch.
 
+``--repeat N`` runs every loader of a cell N times, alternating (plain, odb, plain,
+odb, ...): the cell reports the median run of each loader and every repeat's paired
+ratio, since one run of a cell moves by up to ~0.3x on a loaded 2-core VM.
+``--pixels float32`` makes samples carry the image processor's own float32
+``pixel_values`` instead of the default uint8 (``experiments.data.pixels``).
+
 CPU-proxy scale: all processes share the machine's cores (see ``machine``), so compare
 the loaders within one run, never across machines.
 
@@ -99,6 +105,7 @@ class CellSpec:
     progress_s: float
     odb_options: tuple[tuple[str, Any], ...] = ()
     consumer_us_per_token: float = 0.0
+    pixels: str = "uint8"
 
 
 def proxy_source(root: Path, name: str) -> str:
@@ -337,6 +344,7 @@ def rank_cell(rank: int, world: int, spec: CellSpec) -> dict[str, Any]:
             image_max_pixels=spec.max_pixels,
             seed=spec.seed,
             max_samples=spec.samples,
+            pixels=spec.pixels,
         )
     )
     if len(dataset) != spec.samples:
@@ -437,6 +445,11 @@ def compare(plain: dict[str, Any], odb: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median samples/s (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["samples_per_s"])[(len(runs) - 1) // 2]
+
+
 def table(results: dict[str, Any]) -> str:
     """A markdown table of the headline numbers, one row per odb variant (the JSON holds
     everything)."""
@@ -452,9 +465,11 @@ def table(results: dict[str, Any]) -> str:
             if variant not in cell:
                 continue
             o, c = cell[variant], cell[f"{variant}_vs_plain"]
+            paired = c.get("samples_per_s_ratio_per_repeat", [])
+            each = f"; repeats {' / '.join(f'{x}x' for x in paired)}" if len(paired) > 1 else ""
             lines.append(
                 f"| {cell['proxy']} | {cell['world_size']} | {variant} | {p['samples_per_s']} / "
-                f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x) | "
+                f"{o['samples_per_s']} ({c['samples_per_s_odb_vs_plain']}x{each}) | "
                 f"{p['first_batch_s']:.2f} / {o['first_batch_s']:.2f} | "
                 f"{p['peak_anon_shm_mb']:.0f} / {o['peak_anon_shm_mb']:.0f} | "
                 f"{p['padding_efficiency']} / {o['padding_efficiency']} | "
@@ -480,7 +495,7 @@ def _check_args(args: Any, parser: Any) -> None:
                 "DataLoader's DistributedSampler would repeat samples. Use a multiple of "
                 f"{math.lcm(*args.world)}"
             )
-    for name in ("samples", "budget", "epochs"):
+    for name in ("samples", "budget", "epochs", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.workers < 0:
@@ -529,6 +544,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--world", type=int, nargs="+", default=[1, 2])
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of every loader per cell, alternating; the table gives the median run "
+        "and each repeat's paired ratio",
+    )
+    p.add_argument(
+        "--pixels",
+        choices=["uint8", "float32"],
+        default="uint8",
+        help="how samples carry pixel_values (DataConfig.pixels; uint8 is the default)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--proxies-dir", type=Path, default=Path("results/data/proxies"))
     p.add_argument("--processor", type=Path, default=Path("results/data/assets/processor"))
@@ -566,37 +594,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_pixels = args.max_pixels or default_max_pixels(proxy)
         for world in args.world:
             cell: dict[str, Any] = {"proxy": proxy, "world_size": world}
-            for name in ["plain", *(n for n in args.loaders if n != "plain")]:
-                spec = CellSpec(
-                    proxy=proxy,
-                    source=proxy_source(args.proxies_dir, proxy),
-                    processor=str(args.processor),
-                    loader=name,
-                    samples=args.samples,
-                    budget=args.budget,
-                    workers=args.workers,
-                    epochs=args.epochs,
-                    max_pixels=max_pixels,
-                    cutoff_len=args.cutoff_len,
-                    seed=args.seed,
-                    progress_s=args.progress_s,
-                    odb_options=odb_options,
-                    consumer_us_per_token=args.consumer_us_per_token,
-                )
-                settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
-                _io.progress(f"{proxy} W={world} {name}: starting {world} rank(s)")
-                r = run_cell(spec, world, args.mem_interval_ms / 1000, args.timeout)
-                _io.progress(
-                    f"{proxy} W={world} {name}: {r['samples']} samples in {r['wall_s']:.1f} s, "
-                    f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
-                    f"peak {r['peak_anon_shm_mb']:.0f} MB (anon + shm), "
-                    f"padding {r['padding_efficiency']}, "
-                    f"{r['steps']} steps"
-                )
-                cell[name] = r
+            runs: dict[str, list[dict[str, Any]]] = {}
+            # Repeats alternate the loaders (plain, odb, ..., plain, odb, ...), so a slow
+            # spell of the machine lands on both; each ratio pairs one repeat's runs.
+            for rep in range(args.repeat):
+                for name in ["plain", *(n for n in args.loaders if n != "plain")]:
+                    spec = CellSpec(
+                        proxy=proxy,
+                        source=proxy_source(args.proxies_dir, proxy),
+                        processor=str(args.processor),
+                        loader=name,
+                        samples=args.samples,
+                        budget=args.budget,
+                        workers=args.workers,
+                        epochs=args.epochs,
+                        max_pixels=max_pixels,
+                        cutoff_len=args.cutoff_len,
+                        seed=args.seed,
+                        progress_s=args.progress_s,
+                        odb_options=odb_options,
+                        consumer_us_per_token=args.consumer_us_per_token,
+                        pixels=args.pixels,
+                    )
+                    settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
+                    label = f"{proxy} W={world} {name}" + (
+                        f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else "")
+                    _io.progress(f"{label}: starting {world} rank(s)")
+                    r = run_cell(spec, world, args.mem_interval_ms / 1000, args.timeout)
+                    _io.progress(
+                        f"{label}: {r['samples']} samples in {r['wall_s']:.1f} s, "
+                        f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
+                        f"peak {r['peak_anon_shm_mb']:.0f} MB (anon + shm), "
+                        f"padding {r['padding_efficiency']}, "
+                        f"{r['steps']} steps"
+                    )
+                    runs.setdefault(name, []).append(r)
+            for name, rs in runs.items():
+                cell[name] = median_run(rs)
+                if args.repeat > 1:
+                    cell[f"{name}_runs"] = rs
             for variant in _VARIANTS:
                 if variant in cell:
                     cell[f"{variant}_vs_plain"] = compare(cell["plain"], cell[variant])
+                    cell[f"{variant}_vs_plain"]["samples_per_s_ratio_per_repeat"] = [
+                        compare(p, o)["samples_per_s_odb_vs_plain"]
+                        for p, o in zip(runs["plain"], runs[variant], strict=True)
+                    ]
             results[f"{proxy}/W{world}"] = cell
     text = table(results)
     _io.progress("summary:\n" + text)
@@ -611,6 +654,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "world_sizes": args.world,
             "seed": args.seed,
             "cutoff_len": args.cutoff_len,
+            "pixels": args.pixels,
+            "repeat": args.repeat,
             "processor": str(args.processor),
             "proxies": settings,
             "odb": {

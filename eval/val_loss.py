@@ -157,6 +157,9 @@ def validation_loss(
     """
     from tqdm.auto import tqdm
 
+    from experiments.data.pixels import decode_batch
+
+    codec = getattr(dataset, "pixel_codec", None)  # uint8 pixels: decoded on the device
     rank, world = _rank_world()
     if device is None:
         device = next(model.parameters()).device
@@ -170,7 +173,7 @@ def validation_loss(
             groups, desc="validation loss", unit="batch", disable=not progress or rank != 0
         ):
             batch = _collate([dataset[shard[j]] for j in group], pad_token_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = decode_batch({k: v.to(device) for k, v in batch.items()}, codec)
             s, n = token_loss_sum(model, batch)
             loss_sum += s
             tokens += n

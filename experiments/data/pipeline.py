@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from experiments.data.assets import IMAGE_PAD, VISION_END, VISION_START, load_processor
+from experiments.data.pixels import PixelCodec, PixelFormat
 from odb.collate import batch_parts
 
 PIPELINE_VERSION = 1  # bump when the rendering or masking below changes lengths or labels
@@ -71,6 +72,10 @@ class DataConfig:
         holdout_samples: the last ``holdout_samples`` of those records are the held-out
             split (validation loss); training never sees them.
         holdout: read the held-out records instead of the training ones.
+        pixels: how samples carry ``pixel_values``: ``uint8`` (the resized image's
+            integers, a quarter of the bytes; ``experiments.data.pixels.decode_batch``
+            turns them into the processor's exact floats on the device) or ``float32``
+            (the processor's own output).
 
     Example:
         >>> DataConfig("ultrachat", "data/proxies/ultrachat", "data/assets/processor").cutoff_len
@@ -92,11 +97,15 @@ class DataConfig:
     max_samples: int = 0
     holdout_samples: int = 0
     holdout: bool = False
+    pixels: PixelFormat = "uint8"
 
     def __post_init__(self) -> None:
         if self.dataset not in DatasetName.__args__:
             raise ValueError(f"Unknown dataset {self.dataset!r}; choose one of "
                              f"{DatasetName.__args__}")
+        if self.pixels not in PixelFormat.__args__:
+            raise ValueError(f"Unknown pixels {self.pixels!r}; choose one of "
+                             f"{PixelFormat.__args__}")
         if self.cutoff_len < 16:
             raise ValueError(f"cutoff_len must be >= 16, got {self.cutoff_len}")
         if not 0 < self.image_min_pixels <= self.image_max_pixels:
@@ -202,8 +211,10 @@ class PreprocessedDataset(torch.utils.data.Dataset):
 
     A sample is ``input_ids``, ``labels``, ``attention_mask``, ``mm_token_type_ids`` (1-D
     LongTensors; the last is 1 on image tokens, as the Qwen3-VL processor returns it) and, for
-    samples with images, ``pixel_values`` (patches x 1536) and ``image_grid_thw``
-    (images x 3). Call `set_epoch` before each epoch when augmentation is on.
+    samples with images, ``pixel_values`` (patches x 1536; uint8 under the default
+    ``DataConfig.pixels``, decoded on the device with :attr:`pixel_codec`) and
+    ``image_grid_thw`` (images x 3). Call `set_epoch` before each epoch when augmentation
+    is on.
 
     Example:
         >>> ds = PreprocessedDataset(DataConfig("mmmix", "data/proxies/mmmix",
@@ -224,6 +235,8 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         self.image_pad_id = tok.convert_tokens_to_ids(IMAGE_PAD)
         self.vision_end_id = tok.convert_tokens_to_ids(VISION_END)
         self.merge = self.image_processor.merge_size
+        self.pixel_codec = (PixelCodec.for_processor(self.image_processor)
+                            if cfg.pixels == "uint8" else None)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -271,10 +284,16 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         rgb = [im.convert("RGB") for im in images]
         rgb = [im if im.size == s else im.resize(s, Image.Resampling.BICUBIC)
                for im, s in zip(rgb, sizes, strict=True)]
-        out = self.image_processor(images=rgb, return_tensors="pt")
+        if self.pixel_codec is None:
+            out = self.image_processor(images=rgb, return_tensors="pt")
+            pixels = out["pixel_values"]
+        else:
+            out = self.image_processor(images=rgb, return_tensors="pt", do_rescale=False,
+                                       do_normalize=False)
+            pixels = self.pixel_codec.encode(out["pixel_values"])
         grid = out["image_grid_thw"]
         counts = (grid.prod(-1) // self.merge**2).tolist()
-        return counts, {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+        return counts, {"pixel_values": pixels, "image_grid_thw": grid}
 
     # ---------------------------------------------------------------- text
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import odb
+from experiments.data.pixels import decode_batch
 
 __all__ = ["Counters", "TrainLoop"]
 
@@ -93,6 +94,8 @@ class TrainLoop:
                  save: Callable[[Counters], None], sample_log: Any = None,
                  progress_bar: Any = None) -> None:
         self.engine, self.loader, self.dataset = engine, loader, dataset
+        # uint8 pixels (DataConfig.pixels) become the processor's floats on the device.
+        self.pixel_codec = getattr(dataset, "pixel_codec", None)
         self.schedule, self.c = schedule, counters
         self.epochs, self.grad_accum, self.max_steps = epochs, grad_accum, max_steps
         self.log_every, self.save_every = log_every, save_every
@@ -167,6 +170,7 @@ class TrainLoop:
         last = len(window.batches) - 1
         for i, (batch, info) in enumerate(zip(window.batches, window.infos, strict=True)):
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            batch = decode_batch(batch, self.pixel_codec)
             loss_sum += self.engine.micro_step(batch, info.loss_normalizer, boundary=i == last)
             self._count(batch, info)
         self.engine.optimizer_step()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.real_pipeline import machine_shmem_bytes, main
+from bench.real_pipeline import machine_shmem_bytes, main, median_run
 from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
 from experiments.data.proxies import ProxyConfig, write_proxy
 
@@ -69,3 +69,10 @@ def test_shared_memory_nobody_touches_counts_in_anon_plus_shm() -> None:
     pixels = torch.ones(16 << 20, dtype=torch.uint8).share_memory_()  # written: resident
     assert machine_shmem_bytes() - before >= (8 << 20)
     del pixels
+
+
+def test_median_run_is_the_middle_by_samples_per_s() -> None:
+    runs = [{"samples_per_s": v, "id": i} for i, v in enumerate([5.0, 1.0, 3.0, 4.0])]
+    assert median_run(runs[:3])["id"] == 2  # 1, 3, 5 -> 3
+    assert median_run(runs)["id"] == 2  # the lower middle of 1, 3, 4, 5
+    assert median_run(runs[:1])["id"] == 0

@@ -7,6 +7,7 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 
 from eval.val_loss import plan_batches, validation_loss
+from experiments.data.pixels import decode_batch
 from tests.dist import run_ranks
 
 
@@ -26,7 +27,7 @@ def _reference_loss(model, dataset) -> tuple[float, int]:
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(len(dataset)):
-            s = dataset[i]
+            s = decode_batch(dataset[i], dataset.pixel_codec)  # uint8 pixels -> floats
             inputs = {k: v[None] if v.dim() == 1 else v for k, v in s.items() if k != "labels"}
             logits = model(**inputs).logits[0, :-1].double()
             labels = s["labels"][1:]

@@ -17,6 +17,7 @@ from experiments.data.pipeline import (
     collate,
     normalise,
 )
+from experiments.data.pixels import decode_batch
 from experiments.data.proxies import SHORT_THRESHOLD, TARGET_CV, image_tokens, summary
 from tests.experiments.conftest import CV_SAMPLES
 
@@ -174,6 +175,8 @@ def test_bad_config_is_refused() -> None:
         DataConfig("mmmix", "x", "y", aug_min_scale=2.0, aug_max_scale=1.0)
     with pytest.raises(ValueError, match="Unknown dataset"):
         DataConfig("coco", "x", "y")
+    with pytest.raises(ValueError, match="Unknown pixels"):
+        DataConfig("mmmix", "x", "y", pixels="float16")
 
 
 def test_multimodal_batch_trains_tiny_qwen3vl(datasets_by_name: dict) -> None:
@@ -183,7 +186,10 @@ def test_multimodal_batch_trains_tiny_qwen3vl(datasets_by_name: dict) -> None:
     batch = collate([ds[i] for i in picks], ds.tokenizer.pad_token_id)
     assert isinstance(batch["pixel_values"], odb.TensorParts)
     assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())
-    batch = {k: v.to("cpu") for k, v in batch.items()}  # as the training loop moves it
+    assert batch["pixel_values"].dtype == torch.uint8  # DataConfig.pixels default
+    moved = {k: v.to("cpu") for k, v in batch.items()}  # as the training loop moves it
+    batch = decode_batch(moved, ds.pixel_codec)
+    assert batch["pixel_values"].dtype == torch.float32
     model = build_tiny_model(ds.tokenizer, seed=0)
     out = model(**batch)
     assert torch.isfinite(out.loss)
