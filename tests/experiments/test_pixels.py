@@ -61,7 +61,7 @@ def test_the_probe_picks_the_formula_of_each_backend() -> None:
 
         def __call__(self, images, return_tensors, do_rescale=True, do_normalize=True):
             # One channel-major "patch" of the image's first 512 pixels.
-            rgb = torch.from_numpy(np.asarray(images[0])).float().reshape(-1, 3)
+            rgb = torch.from_numpy(np.array(images[0])).float().reshape(-1, 3)
             ints = rgb[:512].T.reshape(1, 1536)
             if not (do_rescale and do_normalize):
                 return {"pixel_values": ints}
