@@ -1,10 +1,10 @@
 """Randomized soak: many seeded multi-rank scenarios, each under a hard wall-clock limit.
 
 Every scenario is drawn from its seed (world size 1-4, collate thread or process, the
-process forked or spawned, 0-2 DataLoader workers, fork or spawn workers, budgets from tiny to large, skewed and
-long-tail lengths with over-budget samples, empty shards, join and non-join, 1-3
-epochs, both alignment policies, gradient accumulation, small and large buffers and
-queues; who shards: ODB dealing one dataset, a user's global sampler, per-rank
+process forked or spawned, 0-2 DataLoader workers, fork or spawn workers, budgets from
+tiny to large, skewed and long-tail lengths with over-budget samples, empty shards,
+join and non-join, 1-3 epochs, both alignment policies, gradient accumulation, small
+and large buffers and queues; who shards: ODB dealing one dataset, a user's global sampler, per-rank
 datasets, a pre-sharded stream, a stream that shards itself over workers; rank 0
 alone taking its state piece mid-epoch) and run on real ranks (Gloo over TCP on
 127.0.0.1) by ``tests.dist.run_ranks``.
