@@ -30,15 +30,15 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 * ``samples_per_s_per_epoch``: the same for each epoch alone (a later epoch runs on the
   collate process the first one started);
 * ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
-* ``peak_anon_shm_mb``: the peak over time of the anonymous memory (``Pss_Anon``: pages
-  a forked worker shares with its parent count once) summed over every process the cell
-  started (ranks, DataLoader workers, collate processes) plus
-  the machine's shared memory (``/proc/meminfo`` Shmem) above its level at the cell's
-  start, **sampled** by a background thread of this process every
-  ``--mem-interval-ms``: each page once, including shared memory that a worker wrote
+* ``peak_anon_shm_mb``: the peak over time of the machine's anonymous and shared memory
+  (``/proc/meminfo`` AnonPages + Shmem) above its level at the cell's start, **sampled**
+  by a background thread of this process every ``--mem-interval-ms``: every page the
+  cell's processes (ranks, DataLoader workers, collate processes) hold counts once,
+  including copy-on-write pages of forked workers and shared memory that a worker wrote
   and no process has touched since (a sample's pixels waiting in the window), which
-  ``peak_uss_mb`` / ``peak_pss_mb`` (psutil's USS and PSS summed the same way) miss.
-  Machine-wide for the shared part: run it with nothing else creating shared memory;
+  ``peak_uss_mb`` / ``peak_pss_mb`` (psutil's USS and PSS summed over the processes,
+  every ``--smaps-interval-ms``: reading them walks every page table, so they are
+  sampled slowly) miss. Machine-wide: run it with nothing else allocating meanwhile;
 * ``collate_cpu_us_per_sample`` (odb only): CPU time of the collate side
   (``stats()['collate_cpu_s']``: the collate process, or the collate thread) per sample;
 * ``padding_efficiency``: real tokens (``attention_mask`` ones) / padded tokens
@@ -116,46 +116,58 @@ def proxy_source(root: Path, name: str) -> str:
 # ---------------------------------------------------------------- memory (this process)
 
 
-def _anonymous_bytes(pid: int) -> int:
-    """``pid``'s share of anonymous memory (``Pss_Anon`` of ``/proc/PID/smaps_rollup``):
-    a page a forked worker still shares with its parent counts half in each."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
+def machine_memory_bytes() -> dict[str, int]:
+    """``AnonPages`` and ``Shmem`` of ``/proc/meminfo``, in bytes: the machine's
+    anonymous and shared pages, each physical page counted once, read in O(1) (the
+    kernel keeps the counters), so sampling them costs the processes measured nothing."""
+    wanted = {"AnonPages:": "anon", "Shmem:": "shmem"}
+    found = {}
+    with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("Pss_Anon:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            key = wanted.get(line.split(maxsplit=1)[0])
+            if key:
+                found[key] = int(line.split()[1]) * 1024
+    return {"anon": found.get("anon", 0), "shmem": found.get("shmem", 0)}
 
 
 def machine_shmem_bytes() -> int:
     """Shared memory in use on the machine (``Shmem`` of ``/proc/meminfo``)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return machine_memory_bytes()["shmem"]
 
 
 class TreeMemorySampler:
-    """Peak memory of this process's descendants, sampled in a thread.
+    """Peak memory of a cell, sampled in a thread at two rates.
 
-    Three views: USS and PSS summed over the processes (psutil), and anon + shm: their
-    anonymous pages (proportional shares, so copy-on-write pages of forked workers count
-    once) plus the machine's shared memory above its level when the sampler started.
-    USS and PSS miss shared memory that no process has touched since mapping it (a
-    sample's pixels that a worker wrote and the collate side only passes on); anon +
-    shm counts every such page once, so it is the figure to compare, on a machine where
-    nothing else creates shared memory meanwhile.
+    * anon + shm, every ``interval_s``: the machine's anonymous and shared pages
+      (``/proc/meminfo``) above their level when the sampler started. Every page the
+      cell's processes hold counts once: copy-on-write pages of forked workers, and
+      shared memory that a worker wrote and no process has touched since (a sample's
+      pixels waiting in the window). It is the figure to compare, on a machine where
+      nothing else allocates meanwhile.
+    * USS and PSS summed over this process's descendants (psutil), every
+      ``smaps_interval_s`` (0: never). Reading them walks every page table of every
+      process (``/proc/PID/smaps``): at 50 ms that took a quarter of a 2-core machine
+      and held the processes' ``mmap_lock`` while their workers mapped and unmapped
+      segments, a cost that grows with the memory mapped, so it slowed the loader
+      that maps more (session 13, ``docs/benchmarks.md`` 10.9). Hence the slow rate.
+      They also miss shared memory no process has touched since mapping it.
 
     Sampling misses peaks shorter than the interval; the result says it was sampled.
 
     Example:
-        >>> with TreeMemorySampler(0.05) as mem:  # doctest: +SKIP
+        >>> with TreeMemorySampler(0.05, smaps_interval_s=2.0) as mem:  # doctest: +SKIP
         ...     run_ranks(...)
-        >>> mem.result()["peak_uss_mb"]  # doctest: +SKIP
+        >>> mem.result()["peak_anon_shm_mb"]  # doctest: +SKIP
     """
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, smaps_interval_s: float = 2.0) -> None:
+        if interval_s <= 0 or smaps_interval_s < 0:
+            raise ValueError(
+                f"interval_s must be > 0 and smaps_interval_s >= 0 (0: no USS/PSS), got "
+                f"{interval_s} and {smaps_interval_s}"
+            )
         self.interval_s = interval_s
+        self.smaps_interval_s = smaps_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tree-memory", daemon=True)
         self.peak_uss = 0
@@ -163,6 +175,7 @@ class TreeMemorySampler:
         self.peak_anon_shm = 0
         self.peak_processes = 0
         self.samples = 0
+        self.smaps_samples = 0
 
     def __enter__(self) -> TreeMemorySampler:
         self._thread.start()
@@ -174,42 +187,54 @@ class TreeMemorySampler:
 
     def _loop(self) -> None:
         me = psutil.Process(os.getpid())
-        shm_base = machine_shmem_bytes()
+        base = sum(machine_memory_bytes().values())
+        next_smaps = time.monotonic()
         while not self._stop.is_set():
-            uss = pss = anon = count = 0
-            try:
-                children = me.children(recursive=True)
-            except psutil.Error:
-                children = []
-            for proc in children:
-                try:
-                    info = proc.memory_full_info()
-                    anon += _anonymous_bytes(proc.pid)
-                except (psutil.Error, OSError):  # exited between the listing and the read
-                    continue
-                uss += info.uss
-                pss += info.pss
-                count += 1
-            if count:
-                self.samples += 1
-                if uss > self.peak_uss:
-                    self.peak_uss, self.peak_processes = uss, count
-                self.peak_pss = max(self.peak_pss, pss)
-                shm = max(0, machine_shmem_bytes() - shm_base)
-                self.peak_anon_shm = max(self.peak_anon_shm, anon + shm)
+            self.samples += 1
+            used = sum(machine_memory_bytes().values()) - base
+            self.peak_anon_shm = max(self.peak_anon_shm, used)
+            if self.smaps_interval_s and time.monotonic() >= next_smaps:
+                self._sample_smaps(me)
+                next_smaps = time.monotonic() + self.smaps_interval_s
             self._stop.wait(self.interval_s)
 
+    def _sample_smaps(self, me: psutil.Process) -> None:
+        uss = pss = count = 0
+        try:
+            children = me.children(recursive=True)
+        except psutil.Error:
+            children = []
+        for proc in children:
+            try:
+                info = proc.memory_full_info()
+            except (psutil.Error, OSError):  # exited between the listing and the read
+                continue
+            uss += info.uss
+            pss += info.pss
+            count += 1
+        if count:
+            self.smaps_samples += 1
+            if uss > self.peak_uss:
+                self.peak_uss, self.peak_processes = uss, count
+            self.peak_pss = max(self.peak_pss, pss)
+
     def result(self) -> dict[str, Any]:
+        smaps = (
+            f"USS / PSS summed over all processes of the cell (ranks, workers, collate "
+            f"processes) every {self.smaps_interval_s * 1000:.0f} ms"
+            if self.smaps_interval_s
+            else "USS / PSS not sampled"
+        )
         return {
             "peak_uss_mb": round(self.peak_uss / MB, 1),
             "peak_pss_mb": round(self.peak_pss / MB, 1),
             "peak_anon_shm_mb": round(self.peak_anon_shm / MB, 1),
             "processes_at_peak_uss": self.peak_processes,
             "memory_samples": self.samples,
-            "memory_method": f"sampled every {self.interval_s * 1000:.0f} ms: USS / PSS "
-            "summed over all processes of the cell (ranks, workers, collate processes); "
-            "anon + shm = their anonymous pages (Pss_Anon) plus the machine's Shmem above "
-            "its level at the cell's start",
+            "smaps_samples": self.smaps_samples,
+            "memory_method": f"anon + shm every {self.interval_s * 1000:.0f} ms: the "
+            "machine's AnonPages + Shmem (/proc/meminfo) above their level at the cell's "
+            f"start; {smaps}",
         }
 
 
@@ -368,9 +393,15 @@ def rank_cell(rank: int, world: int, spec: CellSpec) -> dict[str, Any]:
 # ---------------------------------------------------------------- one cell
 
 
-def run_cell(spec: CellSpec, world: int, mem_interval_s: float, timeout_s: float) -> dict:
+def run_cell(
+    spec: CellSpec,
+    world: int,
+    mem_interval_s: float,
+    timeout_s: float,
+    smaps_interval_s: float = 2.0,
+) -> dict:
     """Run one (proxy, W, loader) cell on ``world`` fresh ranks; summarise it."""
-    with TreeMemorySampler(mem_interval_s) as mem:
+    with TreeMemorySampler(mem_interval_s, smaps_interval_s) as mem:
         ranks = run_ranks(rank_cell, world, spec, timeout=timeout_s, env=_OFFLINE_ENV)
     return summarise(ranks) | mem.result()
 
@@ -500,6 +531,11 @@ def _check_args(args: Any, parser: Any) -> None:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.workers < 0:
         parser.error(f"--workers must be >= 0, got {args.workers}")
+    if args.mem_interval_ms <= 0 or args.smaps_interval_ms < 0:
+        parser.error(
+            "--mem-interval-ms must be > 0 and --smaps-interval-ms >= 0 (0: no USS/PSS), "
+            f"got {args.mem_interval_ms} and {args.smaps_interval_ms}"
+        )
     if not args.processor.exists():
         parser.error(
             f"--processor {args.processor} does not exist; build the data assets "
@@ -567,7 +603,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="pixel budget for every proxy; 0: each proxy's own (default_max_pixels)",
     )
     p.add_argument("--cutoff-len", type=int, default=16384)
-    p.add_argument("--mem-interval-ms", type=float, default=50.0)
+    p.add_argument(
+        "--mem-interval-ms",
+        type=float,
+        default=50.0,
+        help="sampling interval of anon + shm (/proc/meminfo; costs nothing)",
+    )
+    p.add_argument(
+        "--smaps-interval-ms",
+        type=float,
+        default=2000.0,
+        help="sampling interval of USS / PSS (walks every page table, so it slows the "
+        "loaders: keep it long); 0: do not sample them",
+    )
     p.add_argument("--progress-s", type=float, default=10.0, help="rank progress interval")
     p.add_argument("--timeout", type=float, default=1800.0, help="hard limit per cell, s")
     p.add_argument(
@@ -620,7 +668,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     label = f"{proxy} W={world} {name}" + (
                         f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else "")
                     _io.progress(f"{label}: starting {world} rank(s)")
-                    r = run_cell(spec, world, args.mem_interval_ms / 1000, args.timeout)
+                    r = run_cell(
+                        spec,
+                        world,
+                        args.mem_interval_ms / 1000,
+                        args.timeout,
+                        args.smaps_interval_ms / 1000,
+                    )
                     _io.progress(
                         f"{label}: {r['samples']} samples in {r['wall_s']:.1f} s, "
                         f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.real_pipeline import machine_shmem_bytes, main, median_run
+from bench.real_pipeline import (
+    TreeMemorySampler,
+    machine_memory_bytes,
+    machine_shmem_bytes,
+    main,
+    median_run,
+)
 from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
 from experiments.data.proxies import ProxyConfig, write_proxy
 
@@ -35,7 +41,7 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
         [
             "--samples", str(SAMPLES), "--proxies", "mmmix", "--world", "1",
             "--workers", "0", "--proxies-dir", str(proxies), "--processor", str(processor),
-            "--out", str(out), "--timeout", "120",
+            "--out", str(out), "--timeout", "120", "--smaps-interval-ms", "100",
         ]
     )  # fmt: skip
 
@@ -48,7 +54,8 @@ def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert r["samples"] == SAMPLES
         assert sum(p["samples"] for p in r["per_rank"]) == SAMPLES
         assert 0 < r["padding_efficiency"] <= 1
-        assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["memory_samples"] > 0
+        assert r["peak_uss_mb"] > 0 and r["peak_pss_mb"] > 0 and r["smaps_samples"] > 0
+        assert r["memory_samples"] >= r["smaps_samples"]
         assert r["peak_anon_shm_mb"] > 0
         assert r["samples_per_s"] > 0 and 0 <= r["first_batch_s"] <= r["wall_s"]
         assert r["samples_per_s_per_epoch"] == [r["samples_per_s"]]  # one epoch
@@ -69,6 +76,21 @@ def test_shared_memory_nobody_touches_counts_in_anon_plus_shm() -> None:
     pixels = torch.ones(16 << 20, dtype=torch.uint8).share_memory_()  # written: resident
     assert machine_shmem_bytes() - before >= (8 << 20)
     del pixels
+
+
+def test_anonymous_memory_counts_once_written() -> None:
+    """The anon part of anon + shm is the machine's AnonPages: a touched buffer shows."""
+    before = machine_memory_bytes()["anon"]
+    buffer = torch.ones(64 << 20, dtype=torch.uint8)  # written: resident
+    assert machine_memory_bytes()["anon"] - before >= (32 << 20)
+    del buffer
+
+
+def test_sampler_refuses_a_zero_interval() -> None:
+    with pytest.raises(ValueError, match="interval_s must be > 0"):
+        TreeMemorySampler(0.0)
+    with pytest.raises(ValueError, match="smaps_interval_s >= 0"):
+        TreeMemorySampler(0.05, smaps_interval_s=-1.0)
 
 
 def test_median_run_is_the_middle_by_samples_per_s() -> None:
