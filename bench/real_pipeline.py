@@ -37,8 +37,8 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
   including copy-on-write pages of forked workers and shared memory that a worker wrote
   and no process has touched since (a sample's pixels waiting in the window), which
   ``peak_uss_mb`` / ``peak_pss_mb`` (psutil's USS and PSS summed over the processes,
-  every ``--smaps-interval-ms``: reading them walks every page table, so they are
-  sampled slowly) miss. Machine-wide: run it with nothing else allocating meanwhile;
+  only with ``--smaps-interval-ms``: reading them walks every page table and slows the
+  loaders measured) miss. Machine-wide: run it with nothing else allocating meanwhile;
 * ``collate_cpu_us_per_sample`` (odb only): CPU time of the collate side
   (``stats()['collate_cpu_s']``: the collate process, or the collate thread) per sample;
 * ``padding_efficiency``: real tokens (``attention_mask`` ones) / padded tokens
@@ -145,22 +145,22 @@ class TreeMemorySampler:
       pixels waiting in the window). It is the figure to compare, on a machine where
       nothing else allocates meanwhile.
     * USS and PSS summed over this process's descendants (psutil), every
-      ``smaps_interval_s`` (0: never). Reading them walks every page table of every
-      process (``/proc/PID/smaps``): at 50 ms that took a quarter of a 2-core machine
-      and held the processes' ``mmap_lock`` while their workers mapped and unmapped
-      segments, a cost that grows with the memory mapped, so it slowed the loader
-      that maps more (session 13, ``docs/benchmarks.md`` 10.9). Hence the slow rate.
-      They also miss shared memory no process has touched since mapping it.
+      ``smaps_interval_s`` (0, the default: never; the figures are then None). Reading
+      them walks every page table of every process (``/proc/PID/smaps``): every 50 ms
+      that took a quarter of a 2-core machine, and every 2 s still 3%, a cost that
+      grows with the memory mapped, so it slows the loader that maps more (session 13,
+      ``docs/benchmarks.md`` 10.9). They also miss shared memory no process has touched
+      since mapping it.
 
     Sampling misses peaks shorter than the interval; the result says it was sampled.
 
     Example:
-        >>> with TreeMemorySampler(0.05, smaps_interval_s=2.0) as mem:  # doctest: +SKIP
+        >>> with TreeMemorySampler(0.05) as mem:  # doctest: +SKIP
         ...     run_ranks(...)
         >>> mem.result()["peak_anon_shm_mb"]  # doctest: +SKIP
     """
 
-    def __init__(self, interval_s: float, smaps_interval_s: float = 2.0) -> None:
+    def __init__(self, interval_s: float, smaps_interval_s: float = 0.0) -> None:
         if interval_s <= 0 or smaps_interval_s < 0:
             raise ValueError(
                 f"interval_s must be > 0 and smaps_interval_s >= 0 (0: no USS/PSS), got "
@@ -225,11 +225,12 @@ class TreeMemorySampler:
             if self.smaps_interval_s
             else "USS / PSS not sampled"
         )
+        sampled = self.smaps_samples > 0
         return {
-            "peak_uss_mb": round(self.peak_uss / MB, 1),
-            "peak_pss_mb": round(self.peak_pss / MB, 1),
+            "peak_uss_mb": round(self.peak_uss / MB, 1) if sampled else None,
+            "peak_pss_mb": round(self.peak_pss / MB, 1) if sampled else None,
             "peak_anon_shm_mb": round(self.peak_anon_shm / MB, 1),
-            "processes_at_peak_uss": self.peak_processes,
+            "processes_at_peak_uss": self.peak_processes if sampled else None,
             "memory_samples": self.samples,
             "smaps_samples": self.smaps_samples,
             "memory_method": f"anon + shm every {self.interval_s * 1000:.0f} ms: the "
@@ -398,7 +399,7 @@ def run_cell(
     world: int,
     mem_interval_s: float,
     timeout_s: float,
-    smaps_interval_s: float = 2.0,
+    smaps_interval_s: float = 0.0,
 ) -> dict:
     """Run one (proxy, W, loader) cell on ``world`` fresh ranks; summarise it."""
     with TreeMemorySampler(mem_interval_s, smaps_interval_s) as mem:
@@ -612,9 +613,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--smaps-interval-ms",
         type=float,
-        default=2000.0,
+        default=0.0,
         help="sampling interval of USS / PSS (walks every page table, so it slows the "
-        "loaders: keep it long); 0: do not sample them",
+        "loaders measured); 0 (default): do not sample them",
     )
     p.add_argument("--progress-s", type=float, default=10.0, help="rank progress interval")
     p.add_argument("--timeout", type=float, default=1800.0, help="hard limit per cell, s")
