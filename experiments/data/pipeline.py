@@ -39,7 +39,7 @@ from PIL import Image
 
 from experiments.data.assets import IMAGE_PAD, VISION_END, VISION_START, load_processor
 from experiments.data.pixels import PixelCodec, PixelFormat
-from odb.collate import batch_parts
+from odb import batch_parts
 
 PIPELINE_VERSION = 1  # bump when the rendering or masking below changes lengths or labels
 IGNORE_INDEX = -100
