@@ -79,11 +79,20 @@ def test_shared_memory_nobody_touches_counts_in_anon_plus_shm() -> None:
 
 
 def test_anonymous_memory_counts_once_written() -> None:
-    """The anon part of anon + shm is the machine's AnonPages: a touched buffer shows."""
-    before = machine_memory_bytes()["anon"]
-    buffer = torch.ones(64 << 20, dtype=torch.uint8)  # written: resident
-    assert machine_memory_bytes()["anon"] - before >= (32 << 20)
-    del buffer
+    """The anon part of anon + shm is the machine's AnonPages: a touched buffer shows.
+
+    The counter is machine-wide, so another process freeing memory meanwhile (a previous
+    test's ranks exiting) can hide the growth in one reading; a few tries rule that out.
+    """
+    grown = []
+    for _ in range(5):
+        before = machine_memory_bytes()["anon"]
+        buffer = torch.ones(128 << 20, dtype=torch.uint8)  # written: resident
+        grown.append(machine_memory_bytes()["anon"] - before)
+        del buffer
+        if grown[-1] >= (64 << 20):
+            break
+    assert max(grown) >= (64 << 20), f"AnonPages grew by {grown} bytes for 128 MiB written"
 
 
 def test_sampler_refuses_a_zero_interval() -> None:
