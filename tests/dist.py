@@ -71,6 +71,10 @@ def _rank_main(
     # Own process group: descendants a rank leaves behind stay killable via killpg even
     # after the rank itself has exited and been reaped.
     os.setpgrp()
+    # The rank starts its own children (DataLoader workers) the way a torchrun-launched
+    # trainer does: with the platform's default start method (fork on Linux). Spawn is
+    # only how this helper starts the ranks, and a spawned child would inherit it.
+    mp.set_start_method(mp.get_all_start_methods()[0], force=True)
     # Registered first, so that a hang anywhere below (even inside a C++ collective)
     # can be dumped on SIGUSR1. The file must stay open for the process lifetime.
     stack_file = open(Path(workdir, f"rank{rank}.stack"), "w")

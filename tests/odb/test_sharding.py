@@ -255,13 +255,19 @@ def _hf_ranks(rank: int, world_size: int, split: bool) -> list[int]:
     return _ids_by_field(loader)
 
 
+def _stream_cases(rank: int, world_size: int) -> tuple:
+    """The three stream set-ups in one spawn of the ranks (each spawn imports torch and
+    datasets again): a pre-sharded stream, then an HF stream unsplit and split."""
+    return (_pre_sharded_stream(rank, world_size), _hf_ranks(rank, world_size, False),
+            _hf_ranks(rank, world_size, True))
+
+
 @pytest.mark.dist
 def test_streams_on_real_ranks_are_read_whole_and_once() -> None:
-    own = run_ranks(_pre_sharded_stream, 2, timeout=120)
+    own, unsplit, split = zip(*run_ranks(_stream_cases, 2, timeout=180), strict=True)
     assert sorted(own[0]) == list(range(30)) and sorted(own[1]) == [1000 + p for p in range(41)]
-    for split in (False, True):
-        per_rank = run_ranks(_hf_ranks, 2, split, timeout=120)
-        assert sorted(per_rank[0] + per_rank[1]) == list(range(80)), split
+    assert sorted(unsplit[0] + unsplit[1]) == list(range(80)), "HF stream, unsplit"
+    assert sorted(split[0] + split[1]) == list(range(80)), "HF stream, split by node"
 
 
 def _rank_resume(rank: int, world_size: int, pieces: list[dict] | None) -> tuple:
