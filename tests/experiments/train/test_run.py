@@ -28,6 +28,7 @@ def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
     args += [f"run.out_dir={out}", *overrides]
     code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout, env=ENV,
                                 module=True)
+    (out / "stderr.log").write_text(err)
     assert code == 0, err[-5000:]
     result = json.loads((out / "result.json").read_text())
     validate_result(result)
