@@ -38,6 +38,7 @@ import torch
 from PIL import Image
 
 from experiments.data.assets import IMAGE_PAD, VISION_END, VISION_START, load_processor
+from experiments.data.patches import Uint8Patcher
 from experiments.data.pixels import PixelCodec, PixelFormat
 from odb import batch_parts
 
@@ -237,6 +238,9 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         self.merge = self.image_processor.merge_size
         self.pixel_codec = (PixelCodec.for_processor(self.image_processor)
                             if cfg.pixels == "uint8" else None)
+        # uint8 pixels without the processor's float round trip, where it is reproduced.
+        self.uint8_patcher = (Uint8Patcher.for_processor(self.image_processor)
+                              if self.pixel_codec is not None else None)
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -286,12 +290,13 @@ class PreprocessedDataset(torch.utils.data.Dataset):
                for im, s in zip(rgb, sizes, strict=True)]
         if self.pixel_codec is None:
             out = self.image_processor(images=rgb, return_tensors="pt")
-            pixels = out["pixel_values"]
+            pixels, grid = out["pixel_values"], out["image_grid_thw"]
+        elif self.uint8_patcher is not None:
+            pixels, grid = self.uint8_patcher(rgb)
         else:
             out = self.image_processor(images=rgb, return_tensors="pt", do_rescale=False,
                                        do_normalize=False)
-            pixels = self.pixel_codec.encode(out["pixel_values"])
-        grid = out["image_grid_thw"]
+            pixels, grid = self.pixel_codec.encode(out["pixel_values"]), out["image_grid_thw"]
         counts = (grid.prod(-1) // self.merge**2).tolist()
         return counts, {"pixel_values": pixels, "image_grid_thw": grid}
 
