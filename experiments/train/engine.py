@@ -113,6 +113,7 @@ class DeepSpeedEngine:
                  bf16: bool) -> None:
         import deepspeed
 
+        _skip_cpu_shm_comm_build(deepspeed)
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         config = {
@@ -150,6 +151,22 @@ class DeepSpeedEngine:
                                               load_lr_scheduler_states=False)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder / 'deepspeed'}")
+
+
+def _skip_cpu_shm_comm_build(deepspeed: Any) -> None:
+    """Keep DeepSpeed's CPU accelerator from JIT-compiling its shared-memory all-reduce.
+
+    Its comm backend builds the ``deepspeed_shm_comm`` extension when it starts, unless
+    the op is marked incompatible: about 55 s of a C++ compile on 2 cores, paid on every
+    fresh machine (and again whenever another environment's build replaced the cached
+    one). Only DeepSpeed's inference all-reduce (tensor-parallel inference) uses it;
+    ZeRO training's collectives go through ``torch.distributed`` either way. Not
+    touched on other accelerators, where the op does not exist.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def make_engine(model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,

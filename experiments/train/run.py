@@ -32,11 +32,13 @@ import os
 import shutil
 import socket
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -134,6 +136,30 @@ def init_distributed(cfg: TrainConfig) -> Dist:
     world = dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return Dist(dist.get_rank(), world, local_rank, max(1, world // per_node), device)
+
+
+class StartupClock:
+    """Seconds spent in each start-up phase, from the process's own start.
+
+    The first phase is the launch and the imports (process creation to :func:`main`);
+    each :meth:`mark` closes the phase since the previous one. :meth:`summary` is the
+    one log line a slow start is read from (a Slurm job's or a test's stderr).
+    """
+
+    def __init__(self) -> None:
+        launched = time.time() - psutil.Process().create_time()
+        self.phases: dict[str, float] = {"launch and imports": max(0.0, launched)}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = now - self._last
+        self._last = now
+
+    def summary(self) -> str:
+        total = sum(self.phases.values())
+        parts = ", ".join(f"{name} {s:.1f} s" for name, s in self.phases.items())
+        return f"start-up {total:.1f} s: {parts}"
 
 
 def _setup_logging(rank: int) -> None:
@@ -266,13 +292,16 @@ def _trim_sample_log(path: Path, steps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    clock = StartupClock()
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
     out_dir = Path(cfg.run.out_dir)
     resume_from, note = resolve_resume(args.resume, out_dir, cfg)
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    clock.mark("config")
     d = init_distributed(cfg)
+    clock.mark("process group")
     _setup_logging(d.rank)
     if note:
         log.warning(note)
@@ -282,25 +311,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         shutil.rmtree(out_dir / "checkpoints")
     torch.manual_seed(cfg.run.seed + d.rank)
     try:
-        return _train(cfg, d, out_dir, resume_from, started)
+        return _train(cfg, d, out_dir, resume_from, started, clock)
     finally:
         dist.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
-           started: str) -> dict[str, Any] | None:
+           started: str, clock: StartupClock) -> dict[str, Any] | None:
     dist.barrier()  # rank 0 has cleared stale checkpoints of a fresh run
+    clock.mark("barrier")
     train_set, val_set = build_datasets(cfg)
     processor_files = [train_set.tokenizer, train_set.image_processor]
+    clock.mark("datasets")
     loader, cache_info = build_method_loader(cfg, train_set, d.rank, out_dir)
+    clock.mark("loader")
     model = build_trainable_model(cfg, train_set.tokenizer, d.device, resume_from)
     params = parameter_counts(model)
+    clock.mark("model")
     engine = make_engine(model, cfg.engine, cfg.train, cfg.model.dtype == "bfloat16")
     schedule = ProgressSchedule(engine.optimizer, cfg.train.lr, cfg.train.schedule,
                                 cfg.train.warmup_ratio, cfg.train.min_lr_ratio)
+    clock.mark("engine")
     counters = Counters()
     if resume_from is not None:
         counters = _restore(resume_from, d, engine, schedule, loader, cfg, out_dir)
+        clock.mark("resume")
+    log.info(clock.summary())
     log.info("%s | %s | %s %s | %s | W=%d | %d of %d parameters trainable", cfg.run.name,
              cfg.method.name, cfg.model.name, cfg.mode, cfg.engine.name, d.world_size,
              params["trainable"], params["total"])

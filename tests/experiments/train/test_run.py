@@ -6,6 +6,7 @@ ZeRO-2 on CPU; modes: full and LoRA (peft).
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,13 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
-          world: int = 2, timeout: float = 240) -> dict:
+          world: int = 2, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
     args = ["--config", str(base)]
     for layer in layers:
         args += ["--config", str(CONFIGS / layer)]
     args += [f"run.out_dir={out}", *overrides]
-    code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout, env=ENV,
-                                module=True)
+    code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout,
+                                env=ENV | (env or {}), module=True)
     (out / "stderr.log").write_text(err)
     assert code == 0, err[-5000:]
     result = json.loads((out / "result.json").read_text())
@@ -55,9 +56,22 @@ def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: 
 @pytest.mark.parametrize(("mode", "engine"), [("lora", "ddp"), ("full", "deepspeed")])
 def test_lora_and_deepspeed(method: str, mode: str, engine: str, base_config: Path,
                             tmp_path: Path) -> None:
+    extensions = tmp_path / "torch_extensions"
     result = train(base_config, tmp_path, f"method/{method}.yaml", f"mode/{mode}.yaml",
-                   f"engine/{engine}.yaml", timeout=300)
+                   f"engine/{engine}.yaml", timeout=300,
+                   env={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    # DeepSpeed on CPU trains without JIT-compiling any op (its shm all-reduce is skipped)
+    assert not extensions.exists() or not any(extensions.iterdir())
     assert (result["mode"], result["engine"], result["optimizer_steps"]) == (mode, engine, 3)
+    # rank 0 logs where its start-up went, phase by phase, before the first step
+    startup = re.search(r"start-up ([\d.]+) s: launch and imports ([\d.]+) s, (.*)",
+                        (tmp_path / "stderr.log").read_text())
+    assert startup, "no start-up line in the launcher's stderr"
+    phases = dict(p.rsplit(" ", 2)[:2] for p in startup.group(3).split(", "))
+    assert list(phases) == ["config", "process group", "barrier", "datasets", "loader",
+                            "model", "engine"]
+    total = float(startup.group(2)) + sum(float(v) for v in phases.values())
+    assert total == pytest.approx(float(startup.group(1)), abs=0.1 * (len(phases) + 1))
     if mode == "lora":
         assert result["parameters"]["trainable"] < result["parameters"]["total"] / 10
         assert (tmp_path / "final" / "adapter" / "adapter_config.json").exists()
