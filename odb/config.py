@@ -227,9 +227,10 @@ class ODBConfig(LoaderConfig):
         window_bytes: Most bytes of sample data (tensors and arrays) the window holds
             before it stops reading, like ``buffer_size`` for samples: the window holds
             at most this plus one sample, whatever the image sizes. The default, 4 GiB,
-            holds about 1200 images of 768x768 as uint8 ``pixel_values`` (~3.5 MB each,
-            what ``experiments.data.pipeline`` emits) or 75 samples at ShareGPT4o's
-            pixel budget (up to ~57 MB each); a quarter of that for float32 pixels. It
+            holds about 2400 images of 768x768 as one-frame uint8 ``pixel_values``
+            (~1.8 MB each, what ``experiments.data.pipeline`` emits) or 150 samples at
+            ShareGPT4o's pixel budget (up to ~28 MB each); an eighth of that for the
+            image processor's own float32 pixels. It
             was 1 GiB; measured on the real pipeline (``bench/real_pipeline.py``,
             MM-Mix), 1 GiB cost 0.03 padding efficiency and 4 GiB 0.005
             (``docs/benchmarks.md``). Lower it on hosts with many ranks and little RAM.

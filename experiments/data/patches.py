@@ -3,15 +3,17 @@
 The processor (``Qwen2VLImageProcessorPil``) resizes an image with PIL, then turns the
 resized 0-255 integers into float32 and copies them into patch order (each patch
 written ``temporal_patch_size`` times). With ``DataConfig.pixels = "uint8"`` the
-pipeline only wants those integers back as uint8, so the float round trip is wasted
-work: it writes four bytes per value twice (the patch copy and the concatenation) and
-then narrows them. :class:`Uint8Patcher` does the same resize and the same patch order
-on the uint8 pixels themselves (measured on ShareGPT-4o at its pixel budget: 2.6x
-faster than the processor, the resize being most of what is left).
+pipeline only wants one frame of those integers back as uint8
+(:meth:`experiments.data.pixels.PixelCodec.encode`), so the float round trip is wasted
+work: it writes four bytes per value twice (the patch copy and the concatenation), every
+frame, and then narrows them. :class:`Uint8Patcher` does the same resize and the same
+patch order on the uint8 pixels themselves, one frame (measured on ShareGPT-4o at its
+pixel budget: about 2x faster per sample, the resize being most of what is left).
 
-The invariant: ``Uint8Patcher(images)`` equals the processor's un-normalised output
-(``do_rescale=False, do_normalize=False``) cast to uint8, values and ``image_grid_thw``.
-:meth:`Uint8Patcher.for_processor` checks it on probe images and returns None for a
+The invariant: ``Uint8Patcher(images)`` equals ``codec.encode`` of the processor's
+un-normalised output (``do_rescale=False, do_normalize=False``): the first frame of each
+patch row as uint8, values and ``image_grid_thw``. :meth:`Uint8Patcher.for_processor`
+checks it on probe images (and that the frames are identical) and returns None for a
 processor it does not reproduce (another backend, another patch layout), so callers
 fall back to the processor.
 """
@@ -34,10 +36,10 @@ _PROBE_SIZES = ((37, 23), (301, 177), (256, 288))
 
 @dataclass(frozen=True)
 class Uint8Patcher:
-    """Resize + patchify of RGB images in uint8, the PIL processor's layout.
+    """Resize + patchify of RGB images in uint8, the PIL processor's layout, one frame.
 
     Attributes:
-        patch_size / merge_size / temporal_patch_size: the processor's patch geometry.
+        patch_size / merge_size: the processor's patch geometry.
         min_pixels / max_pixels: the processor's pixel budget (``size`` shortest /
             longest edge), which sets each image's resized size.
         resample: the PIL resampling filter the processor resizes with.
@@ -45,20 +47,19 @@ class Uint8Patcher:
 
     patch_size: int
     merge_size: int
-    temporal_patch_size: int
     min_pixels: int
     max_pixels: int
     resample: int
 
     def __call__(self, images: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``pixel_values`` uint8, patches x C*T*P*P; ``image_grid_thw`` int64, images x 3)
+        """(``pixel_values`` uint8, patches x C*P*P; ``image_grid_thw`` int64, images x 3)
         of RGB ``images``, concatenated in order."""
         patches, grids = zip(*(self._one(image) for image in images), strict=True)
         pixels = patches[0] if len(patches) == 1 else np.concatenate(patches)
         return torch.from_numpy(pixels), torch.tensor(grids, dtype=torch.int64)
 
     def _one(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
-        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        p, m = self.patch_size, self.merge_size
         width, height = image.size
         new_h, new_w = smart_resize(height, width, factor=p * m, min_pixels=self.min_pixels,
                                     max_pixels=self.max_pixels)
@@ -69,10 +70,8 @@ class Uint8Patcher:
         grid_h, grid_w = new_h // p, new_w // p
         # (H, W, C) -> (gh/m, gw/m, m, m, C, p, p): merge blocks, then channel-major patches.
         blocks = hwc.reshape(grid_h // m, m, p, grid_w // m, m, p, channels)
-        blocks = blocks.transpose(0, 3, 1, 4, 6, 2, 5)
-        frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p))
-        flat = np.ascontiguousarray(frames).reshape(grid_h * grid_w, channels * t * p * p)
-        return flat, (1, grid_h, grid_w)
+        blocks = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
+        return blocks.reshape(grid_h * grid_w, channels * p * p), (1, grid_h, grid_w)
 
     @classmethod
     def for_processor(cls, processor: Any) -> Uint8Patcher | None:
@@ -86,8 +85,9 @@ class Uint8Patcher:
         try:
             size = processor.size
             patcher = cls(int(processor.patch_size), int(processor.merge_size),
-                          int(processor.temporal_patch_size), int(size["shortest_edge"]),
-                          int(size["longest_edge"]), int(processor.resample))
+                          int(size["shortest_edge"]), int(size["longest_edge"]),
+                          int(processor.resample))
+            frames = int(processor.temporal_patch_size)
         except (AttributeError, KeyError, TypeError):
             return None
         for wh in _PROBE_SIZES:
@@ -95,9 +95,19 @@ class Uint8Patcher:
             image = Image.fromarray(rng.integers(0, 256, (wh[1], wh[0], 3), dtype=np.uint8))
             out = processor(images=[image], return_tensors="pt", do_rescale=False,
                             do_normalize=False)
-            pixels, grid = patcher([image])
-            expected = out["pixel_values"]
-            if not (torch.equal(pixels.to(expected.dtype), expected)
-                    and torch.equal(grid, out["image_grid_thw"].to(torch.int64))):
+            if not _reproduces(patcher([image]), out, frames):
                 return None
         return patcher
+
+
+def _reproduces(mine: tuple[torch.Tensor, torch.Tensor], out: Any, frames: int) -> bool:
+    """Whether ``mine`` is the first frame of the processor's integers ``out``, and the
+    processor's frames are identical (so the one kept stands for all of them)."""
+    pixels, grid = mine
+    integers = out["pixel_values"]
+    if integers.shape != (pixels.shape[0], pixels.shape[1] * frames):
+        return False
+    per_frame = integers.reshape(pixels.shape[0], 3, frames, -1)
+    return (torch.equal(per_frame, per_frame[:, :, :1].expand_as(per_frame))
+            and torch.equal(pixels.to(integers.dtype), per_frame[:, :, 0].flatten(1))
+            and torch.equal(grid, out["image_grid_thw"].to(torch.int64)))

@@ -74,7 +74,7 @@ class DataConfig:
             split (validation loss); training never sees them.
         holdout: read the held-out records instead of the training ones.
         pixels: how samples carry ``pixel_values``: ``uint8`` (the resized image's
-            integers, a quarter of the bytes; ``experiments.data.pixels.decode_batch``
+            integers, one frame: an eighth of the bytes; ``experiments.data.pixels.decode_batch``
             turns them into the processor's exact floats on the device) or ``float32``
             (the processor's own output).
 
@@ -212,8 +212,9 @@ class PreprocessedDataset(torch.utils.data.Dataset):
 
     A sample is ``input_ids``, ``labels``, ``attention_mask``, ``mm_token_type_ids`` (1-D
     LongTensors; the last is 1 on image tokens, as the Qwen3-VL processor returns it) and, for
-    samples with images, ``pixel_values`` (patches x 1536; uint8 under the default
-    ``DataConfig.pixels``, decoded on the device with :attr:`pixel_codec`) and
+    samples with images, ``pixel_values`` (patches x 1536 float32, or under the
+    default ``DataConfig.pixels`` patches x 768 uint8, one of the two identical frames,
+    decoded into the former on the device with :attr:`pixel_codec`) and
     ``image_grid_thw`` (images x 3). Call `set_epoch` before each epoch when augmentation
     is on.
 
@@ -238,7 +239,8 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         self.merge = self.image_processor.merge_size
         self.pixel_codec = (PixelCodec.for_processor(self.image_processor)
                             if cfg.pixels == "uint8" else None)
-        # uint8 pixels without the processor's float round trip, where it is reproduced.
+        # uint8 pixels without the processor's float round trip, where it is reproduced
+        # (the same bytes as pixel_codec.encode of the processor's output).
         self.uint8_patcher = (Uint8Patcher.for_processor(self.image_processor)
                               if self.pixel_codec is not None else None)
         self.epoch = 0

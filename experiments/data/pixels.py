@@ -7,6 +7,11 @@ quarter of the bytes through the DataLoader workers' shared memory, the grouping
 window, the hand-off and the host-to-device copy) and the trainer recovers the floats
 after ``.to(device)``, where the arithmetic is free.
 
+Each patch row of a Qwen-VL processor holds its pixels ``temporal_patch_size`` times (an
+image is a video of identical frames to the model's 3-D patch embedding), so the uint8
+form keeps one frame and :meth:`PixelCodec.decode` writes the frames back: half the bytes
+again, an eighth of the float32 form in all (patches x 768 instead of x 1536).
+
 The invariant: ``codec.decode(codec.encode(integers)) == processor(image)["pixel_values"]``
 bit for bit. Backends compute the floats differently (the PIL backend rescales, then
 normalises; the torchvision backend fuses both into one normalisation), so
@@ -41,17 +46,21 @@ class PixelCodec:
         formula: how the processor turns integers into floats (see the module docstring).
         rescale: the processor's ``rescale_factor`` (1/255).
         mean / std: the processor's per-channel ``image_mean`` / ``image_std``.
+        frames: identical frames per patch row in the processor's output (its
+            ``temporal_patch_size``); the uint8 form holds one of them.
 
     Example:
-        >>> codec = PixelCodec("rescale_then_normalize", 1 / 255, (0.5,) * 3, (0.5,) * 3)
-        >>> codec.decode(torch.tensor([[0, 255] * 768], dtype=torch.uint8))[0, :2].tolist()
-        [-1.0, 1.0]
+        >>> codec = PixelCodec("rescale_then_normalize", 1 / 255, (0.5,) * 3, (0.5,) * 3, 2)
+        >>> floats = codec.decode(torch.tensor([[0, 255] * 384], dtype=torch.uint8))
+        >>> floats.shape, floats[0, :2].tolist()
+        (torch.Size([1, 1536]), [-1.0, 1.0])
     """
 
     formula: Formula
     rescale: float
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    frames: int = 1
 
     def __post_init__(self) -> None:
         if self.formula not in FORMULAS:
@@ -59,15 +68,20 @@ class PixelCodec:
         if len(self.mean) != len(self.std) or not self.mean:
             raise ValueError(f"mean and std need one value per channel, got {self.mean} "
                              f"and {self.std}")
+        if self.frames < 1:
+            raise ValueError(f"frames is the processor's temporal_patch_size (>= 1), got "
+                             f"{self.frames}")
 
-    @staticmethod
-    def encode(integers: torch.Tensor) -> torch.Tensor:
-        """uint8 of a processor's un-normalised output (integers 0-255 held as floats)."""
-        return integers.to(torch.uint8)
+    def encode(self, integers: torch.Tensor) -> torch.Tensor:
+        """uint8 of a processor's un-normalised output (integers 0-255 held as floats),
+        one frame of each patch row (rows ``C x frames x P x P`` -> ``C x P x P``)."""
+        rows, channels = integers.shape[0], len(self.mean)
+        one_frame = integers.reshape(rows, channels, self.frames, -1)[:, :, 0]
+        return one_frame.to(torch.uint8).reshape(rows, -1)
 
     def decode(self, pixels: torch.Tensor) -> torch.Tensor:
         """The processor's float32 ``pixel_values`` from :meth:`encode`'s uint8, on
-        ``pixels``' device. Patches are channel-major (``C x T x P x P`` per row)."""
+        ``pixels``' device: rows ``C x P x P`` in, ``C x frames x P x P`` out."""
         if pixels.dtype != torch.uint8:
             raise TypeError(f"decode takes the uint8 pixels of encode, got {pixels.dtype}")
         channels = len(self.mean)
@@ -82,7 +96,9 @@ class PixelCodec:
         else:
             # The torchvision backend folds the rescale into the normalisation.
             out = (x.float() - (mean / self.rescale).float()) / (std / self.rescale).float()
-        return out.reshape(pixels.shape)
+        rows = pixels.shape[0]
+        frames = out.unsqueeze(2).expand(rows, channels, self.frames, out.shape[-1])
+        return frames.reshape(rows, -1)
 
     @classmethod
     def for_processor(cls, processor: Any) -> PixelCodec:
@@ -100,8 +116,9 @@ class PixelCodec:
                 raise ValueError(f"{type(processor).__name__} without rescale/normalise does "
                                  "not return 0-255 integers, so its pixels cannot travel as "
                                  "uint8; set the data config's pixels to 'float32'")
+        frames = int(getattr(processor, "temporal_patch_size", 1))
         for formula in FORMULAS:
-            codec = cls(formula, float(processor.rescale_factor), mean, std)
+            codec = cls(formula, float(processor.rescale_factor), mean, std, frames)
             if all(torch.equal(codec.decode(codec.encode(i)), f) for i, f in probes):
                 return codec
         raise ValueError(f"No formula in {FORMULAS} reproduces the float pixel_values of "

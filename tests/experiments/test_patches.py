@@ -11,6 +11,7 @@ from PIL import Image
 from experiments.data.assets import build_image_processor
 from experiments.data.patches import Uint8Patcher
 from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.pixels import PixelCodec
 
 
 def _image(width: int, height: int, seed: int = 0) -> Image.Image:
@@ -19,8 +20,10 @@ def _image(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 def _processor_integers(processor, images):
+    """The processor's un-normalised output as the uint8 form holds it (one frame)."""
     out = processor(images=images, return_tensors="pt", do_rescale=False, do_normalize=False)
-    return out["pixel_values"], out["image_grid_thw"]
+    codec = PixelCodec.for_processor(processor)
+    return codec.encode(out["pixel_values"]), out["image_grid_thw"]
 
 
 @pytest.mark.parametrize("max_pixels", [768 * 768, 64 * 64 * 32])
@@ -35,13 +38,13 @@ def test_patches_equal_the_processor_integers(max_pixels: int) -> None:
         image = _image(width, height)
         pixels, grid = patcher([image])
         expected, expected_grid = _processor_integers(processor, [image])
-        assert pixels.dtype == torch.uint8
-        assert torch.equal(pixels.to(expected.dtype), expected), (width, height)
+        assert pixels.dtype == torch.uint8 and pixels.shape[1] == 3 * 16 * 16
+        assert torch.equal(pixels, expected), (width, height)
         assert torch.equal(grid, expected_grid)
     images = [_image(w, h, seed=1) for w, h in sizes]
     pixels, grid = patcher(images)
     expected, expected_grid = _processor_integers(processor, images)
-    assert torch.equal(pixels.to(expected.dtype), expected)
+    assert torch.equal(pixels, expected)
     assert torch.equal(grid, expected_grid)
 
 
@@ -63,11 +66,22 @@ def test_a_processor_it_does_not_reproduce_gets_none() -> None:
             out["pixel_values"] = out["pixel_values"].flip(0)
             return out
 
+    class DistinctFrames(OtherLayout):
+        """Frames that differ: one of them cannot stand for both."""
+
+        def __call__(self, images, **kwargs):
+            out = dict(processor(images=images, **kwargs))
+            pixels = out["pixel_values"].clone()
+            pixels[:, 256:512] = 255 - pixels[:, 256:512]  # channel 0, second frame
+            out["pixel_values"] = pixels
+            return out
+
     class NoGeometry:
         backend = "pil"
 
     assert Uint8Patcher.for_processor(OtherBackend()) is None
     assert Uint8Patcher.for_processor(OtherLayout()) is None
+    assert Uint8Patcher.for_processor(DistinctFrames()) is None
     assert Uint8Patcher.for_processor(NoGeometry()) is None
 
 
