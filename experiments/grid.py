@@ -185,6 +185,8 @@ class Grid:
             "max_samples": t["max_samples"][v.dataset],
             "holdout_samples": t["holdout_samples"][v.dataset],
         }
+        if t.get("holdout_seed") is not None:
+            args["holdout_seed"] = t["holdout_seed"]
         args.update(dict(v.extra))
         if v.augmented:
             args.update(aug_min_scale=v.aug[0], aug_max_scale=v.aug[1])
@@ -215,12 +217,18 @@ class Grid:
             overrides.append(f"method.length_cache=results/cache/{cell.data}.json")
         if cell.epochs is not None:
             overrides.append(f"train.epochs={cell.epochs}")
+        overrides += list(t.get("method_overrides", {}).get(cell.method, []))
         overrides += [f"method.odb.{k}={_value(v)}" for k, v in cell.options]
         overrides += list(t.get("overrides", []))
         return " ".join([*(f"--config {p}" for p in layers), *map(_quote, overrides)])
 
     def launcher(self, name: str) -> str:
-        """The process launcher: torchrun on one node, srun + torchrun rendezvous on more."""
+        """The process launcher: torchrun on one node, srun + torchrun rendezvous on more.
+
+        The template may name ``{nodes}``, ``{procs}`` (ranks per node) and ``{threads}``
+        (the job's CPUs per node: ``srun`` takes no ``--cpus-per-task`` from the job since
+        Slurm 22.05, so a launcher that starts ranks with ``srun`` passes it on).
+        """
         t = self.config["train"]
         nodes = self.cells[name].nodes
         template = t["launcher"] if nodes == 1 else t.get("multinode_launcher")
@@ -229,8 +237,9 @@ class Grid:
                 f"cell {name} asks for {nodes} nodes but train.multinode_launcher "
                 "is not set in the workflow config"
             )
+        model = t["models"][self.cells[name].model]
         return template.format(
-            nodes=nodes, procs=t["models"][self.cells[name].model]["procs_per_node"]
+            nodes=nodes, procs=model["procs_per_node"], threads=model["threads"]
         )
 
     def manifest(self) -> dict[str, Any]:
@@ -357,7 +366,10 @@ def build_grid(config: Mapping[str, Any]) -> Grid:
     layer = yaml.safe_load((Path(__file__).resolve().parents[1] / ODB_LAYER).read_text())[
         "method"
     ].get("odb", {})
-    grid = Grid(config, variants=_variants(config), odb_layer=dict(layer))
+    # the workflow's own ODB settings name the main cells too (an ablation point equal to
+    # them is the main cell, run once)
+    layer = {**layer, **_odb_overrides(config["train"].get("method_overrides", {}).get("odb", []))}
+    grid = Grid(config, variants=_variants(config), odb_layer=layer)
     ev = config["evaluate"]
     for block in config["grid"]:
         for spec in _product(block):
@@ -376,6 +388,18 @@ def build_grid(config: Mapping[str, Any]) -> Grid:
         )
     _ablations(grid, config["ablations"])
     return grid
+
+
+def _odb_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """The ``method.odb.<key>=<value>`` settings among a workflow's ODB overrides."""
+    import yaml
+
+    out = {}
+    for text in overrides:
+        key, _, raw = text.partition("=")
+        if key.startswith("method.odb."):
+            out[key.removeprefix("method.odb.")] = yaml.safe_load(raw)
+    return out
 
 
 def _ablations(grid: Grid, ab: Mapping[str, Any]) -> None:

@@ -64,12 +64,17 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
         "nodes=2" in b
         and "mpi=srun" in b
         and "gres=gpu:8" in b
-        and "srun --ntasks-per-node 1 python -m torch.distributed.run" in b
+        and "srun --ntasks-per-node 1 --cpus-per-task 64 python -m torch.distributed.run" in b
         and "--rdzv_backend c10d" in b
         for b in two_node
     )
+    train = [b for b in blocks if b.startswith("train:")]
     evals = [b for b in blocks if b.startswith("evaluate:")]
     assert evals and all("gres=gpu:1" in b for b in evals)
+    # GPU jobs and CPU jobs go to the profile's two partitions
+    assert all("slurm_partition=gpu" in b for b in train + evals)
+    caches = [b for b in blocks if b.startswith("length_cache:")]
+    assert caches and all("slurm_partition=cpu" in b for b in caches)
 
 
 def test_paper_grid_holds_the_papers_cells() -> None:

@@ -70,8 +70,12 @@ class DataConfig:
         aug_min_scale / aug_max_scale: random-resize factors; both 1.0 = no augmentation.
         seed: seeds the augmentation (with the epoch and the index).
         max_samples: read only the first ``max_samples`` records (0 = all).
-        holdout_samples: the last ``holdout_samples`` of those records are the held-out
-            split (validation loss); training never sees them.
+        holdout_samples: that many of those records are the held-out split (validation
+            loss); training never sees them.
+        holdout_seed: which records are held out: None takes the last ``holdout_samples``
+            (a generated proxy has no order); a seed takes a seeded random choice, as
+            LLaMA-Factory's ``val_size`` split does (a hub file may be ordered by source,
+            e.g. LLaVA-Instruct's three parts, so its tail is not a fair sample).
         holdout: read the held-out records instead of the training ones.
         pixels: how samples carry ``pixel_values``: ``uint8`` (the resized image's
             integers, one frame: an eighth of the bytes; ``experiments.data.pixels.decode_batch``
@@ -97,6 +101,7 @@ class DataConfig:
     seed: int = 0
     max_samples: int = 0
     holdout_samples: int = 0
+    holdout_seed: int | None = None
     holdout: bool = False
     pixels: PixelFormat = "uint8"
 
@@ -119,6 +124,9 @@ class DataConfig:
             raise ValueError(f"max_samples must be >= 0 (0 = all), got {self.max_samples}")
         if self.holdout_samples < 0:
             raise ValueError(f"holdout_samples must be >= 0, got {self.holdout_samples}")
+        if self.holdout_seed is not None and self.holdout_seed < 0:
+            raise ValueError(f"holdout_seed must be >= 0 or None (the last records), got "
+                             f"{self.holdout_seed}")
         if self.holdout and not self.holdout_samples:
             raise ValueError("holdout=True reads the held-out split, but holdout_samples=0 "
                              "defines none; set holdout_samples")
@@ -168,15 +176,24 @@ def load_records(cfg: DataConfig):
     return _split(ds, cfg)
 
 
+def _given(value: Any) -> list[Any]:
+    """``[value]``, or ``[]`` for None (a new setting left unset keeps old fingerprints)."""
+    return [] if value is None else [value]
+
+
 def _split(ds, cfg: DataConfig):
-    """The training records (all but the last ``holdout_samples``) or the held-out ones."""
+    """The training records or the held-out ones (``cfg.holdout``), in record order."""
     if not cfg.holdout_samples:
         return ds
     n_train = len(ds) - cfg.holdout_samples
     if n_train < 1:
         raise ValueError(f"holdout_samples={cfg.holdout_samples} leaves no training records "
                          f"out of {len(ds)}; lower it")
-    return ds.select(range(n_train, len(ds)) if cfg.holdout else range(n_train))
+    if cfg.holdout_seed is None:
+        return ds.select(range(n_train, len(ds)) if cfg.holdout else range(n_train))
+    order = np.random.default_rng(cfg.holdout_seed).permutation(len(ds))
+    held = np.sort(order[:cfg.holdout_samples])
+    return ds.select(held if cfg.holdout else np.sort(order[cfg.holdout_samples:]))
 
 
 def default_image_dir(cfg: DataConfig) -> Path:
@@ -378,7 +395,8 @@ class PreprocessedDataset(torch.utils.data.Dataset):
         parts = {
             "pipeline_version": PIPELINE_VERSION, "dataset": cfg.dataset, "data": data,
             "max_samples": cfg.max_samples,
-            "holdout": [cfg.holdout_samples, cfg.holdout], "image_dir": str(self.image_dir),
+            "holdout": [cfg.holdout_samples, cfg.holdout, *_given(cfg.holdout_seed)],
+            "image_dir": str(self.image_dir),
             "tokenizer": hashlib.sha256(
                 self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
             "chat_template": self.tokenizer.chat_template, "cutoff_len": cfg.cutoff_len,

@@ -123,6 +123,7 @@ def test_fingerprint_changes_with_every_knob(datasets_by_name: dict, tmp_path: P
         "image_dir": {"image_dir": str(tmp_path)},
         "holdout_samples": {"holdout_samples": 20},
         "holdout": {"holdout_samples": 20, "holdout": True},
+        "holdout_seed": {"holdout_samples": 20, "holdout_seed": 42},
     }
     seen = {base.fingerprint()}
     for knob, change in variants.items():
@@ -168,7 +169,29 @@ def test_holdout_split_is_disjoint_and_complete(datasets_by_name: dict) -> None:
         _variant(datasets_by_name["ultrachat"], holdout_samples=200)
 
 
+def test_seeded_holdout_is_a_random_disjoint_complete_split(datasets_by_name: dict) -> None:
+    base = _variant(datasets_by_name["ultrachat"])
+    ids = [r["prompt_id"] for r in base.records]
+    train = _variant(datasets_by_name["ultrachat"], holdout_samples=30, holdout_seed=42)
+    held = _variant(datasets_by_name["ultrachat"], holdout_samples=30, holdout_seed=42,
+                    holdout=True)
+    train_ids = [r["prompt_id"] for r in train.records]
+    held_ids = [r["prompt_id"] for r in held.records]
+    assert (len(train_ids), len(held_ids)) == (170, 30)
+    assert sorted(train_ids + held_ids) == sorted(ids)
+    assert held_ids != ids[-30:]  # not the tail
+    assert held_ids == sorted(held_ids, key=ids.index)  # record order kept
+    again = _variant(datasets_by_name["ultrachat"], holdout_samples=30, holdout_seed=42,
+                     holdout=True)
+    assert [r["prompt_id"] for r in again.records] == held_ids
+    other = _variant(datasets_by_name["ultrachat"], holdout_samples=30, holdout_seed=7,
+                     holdout=True)
+    assert [r["prompt_id"] for r in other.records] != held_ids
+
+
 def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="holdout_seed must be >= 0"):
+        DataConfig("mmmix", "x", "y", holdout_samples=4, holdout_seed=-1)
     with pytest.raises(ValueError, match="holdout_samples=0"):
         DataConfig("mmmix", "x", "y", holdout=True)
     with pytest.raises(ValueError, match="aug_min_scale"):
