@@ -545,7 +545,7 @@ def _wait(ready: Callable[[], bool], state: State, what: str, timeout_s: float) 
     while not ready():
         dead = [n for n, pid in state.pids.items() if not _pid_alive(pid, n)]
         if dead or time.monotonic() > deadline:
-            why = f"{', '.join(dead)} exited" if dead else f"not within {timeout_s:.0f} s"
+            why = f"{', '.join(dead)} exited" if dead else f"not within {timeout_s:g} s"
             raise ClusterError(
                 f"waiting for {what}: {why}. Daemon logs follow; fix what they name, or "
                 f"raise --timeout if the machine is just slow.\n{_logs_tail(state.spec)}"
