@@ -1,0 +1,255 @@
+"""The local Slurm cluster: its config and hosts edits (pure), and real daemons end to end.
+
+The end-to-end tests install `slurm-wlm` and `munge` when missing (as root), start the
+cluster through `cluster run`, and check that nothing it started outlives the call.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from experiments.rehearsal.cluster import (
+    ClusterSpec,
+    hosts_marker,
+    hosts_with_nodes,
+    hosts_without_nodes,
+    nodes_idle,
+    slurm_conf,
+)
+from tests.dist import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="starts Slurm daemons and edits /etc/hosts: run the suite as root (CI does)",
+)
+
+WORKER = """\
+import os, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+Path(sys.argv[1], f"rank{rank}.txt").write_text(f"{os.environ['SLURMD_NODENAME']} {total.item()}")
+dist.destroy_process_group()
+"""
+
+JOB = """\
+#!/bin/bash
+set -euo pipefail
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --ntasks-per-node 1 {python} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 \\
+  --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$head:{port}" {worker} {out}
+"""
+
+# The driver's last line exits 7 so the test also sees that `run` returns its command's code.
+DRIVER = """\
+set -euo pipefail
+sbatch --wait -N 2 --ntasks-per-node 1 --partition gpu --time 10 -o {out}/job.log {job}
+exit 7
+"""
+
+
+def _spec(**changes: object) -> ClusterSpec:
+    fields: dict[str, object] = dict(
+        state_dir=Path("/tmp/s"),
+        hostname="box",
+        ctld_port=17000,
+        node_ports=(17001, 17002),
+        cpus=2,
+        memory_mb=10000,
+    )
+    return ClusterSpec(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_slurm_conf_has_two_nodes_on_this_host_and_two_partitions() -> None:
+    conf = slurm_conf(_spec())
+    assert "SlurmctldHost=box(127.0.0.1)" in conf
+    assert "SlurmctldPort=17000" in conf
+    assert "NodeName=n1 NodeHostname=box NodeAddr=127.0.0.1 Port=17001 CPUs=2" in conf
+    assert "NodeName=n2 NodeHostname=box NodeAddr=127.0.0.1 Port=17002 CPUs=2" in conf
+    assert "PartitionName=gpu Nodes=n1,n2 Default=YES" in conf
+    assert "PartitionName=cpu Nodes=n1,n2 Default=NO" in conf
+    for setting in (
+        "SlurmUser=root",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "MpiDefault=none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SlurmdSpoolDir=/tmp/s/spool/%n",
+        "SlurmdPidFile=/tmp/s/slurmd-%n.pid",
+        "StateSaveLocation=/tmp/s/ctld",
+        "MinJobAge=300",
+        "AuthInfo=socket=/tmp/s/munge/munge.socket",
+    ):
+        assert setting in conf.splitlines(), setting
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(node_ports=(17001,)),
+        dict(node_ports=(17000, 17002)),
+        dict(cpus=0),
+        dict(state_dir=Path("relative")),
+    ],
+)
+def test_spec_rejects_bad_values(changes: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        _spec(**changes)
+
+
+def test_hosts_lines_are_added_once_and_removed_byte_for_byte() -> None:
+    original = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+    marker = hosts_marker(Path("/tmp/a"))
+    added = hosts_with_nodes(hosts_with_nodes(original, ("n1", "n2"), marker), ("n1",), marker)
+    assert added == original + f"127.0.0.1 n1 {marker}\n"
+    other = hosts_with_nodes(added, ("n1", "n2"), hosts_marker(Path("/tmp/b")))
+    assert hosts_without_nodes(other, marker).startswith(original)
+    assert hosts_without_nodes(added, marker) == original
+    assert hosts_with_nodes("x", ("n1",), marker) == f"x\n127.0.0.1 n1 {marker}\n"
+
+
+def test_nodes_idle_needs_every_node_idle_in_every_partition() -> None:
+    assert nodes_idle("n1 idle\nn1 idle\nn2 idle\nn2 idle\n", ("n1", "n2"))
+    assert not nodes_idle("n1 idle\nn2 idle*\n", ("n1", "n2"))
+    assert not nodes_idle("n1 idle\nn1 down\nn2 idle\n", ("n1", "n2"))
+    assert not nodes_idle("n1 idle\n", ("n1", "n2"))
+    assert not nodes_idle("", ("n1",))
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Under /tmp, not pytest's 0700 tmp_path: munged runs as the munge user and must reach it.
+    path = Path(tempfile.mkdtemp(prefix="odb-slurm-", dir="/tmp"))
+    yield path
+    subprocess.run(
+        [sys.executable, "-m", "experiments.rehearsal.cluster", "down", "--state-dir", str(path)],
+        env=_env(),
+        timeout=120,
+        check=False,
+    )
+    shutil.rmtree(path, ignore_errors=True)  # a test that failed before `up` wrote its state
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
+    }
+
+
+def _cluster_processes(state_dir: Path) -> list[str]:
+    """Live (not zombie) processes whose command line names `state_dir`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+            zombie = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if str(state_dir) in cmdline and not zombie and "experiments.rehearsal" not in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def _assert_gone(state_dir: Path, hosts_before: str) -> None:
+    assert _cluster_processes(state_dir) == []
+    hosts = Path("/etc/hosts").read_text()
+    assert hosts_marker(state_dir) not in hosts
+    assert set(hosts_before.splitlines()) <= set(hosts.splitlines())
+    assert not state_dir.exists()
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_two_node_torchrun_rendezvous_through_sbatch(tmp_path: Path, state_dir: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "job.sh").write_text(
+        JOB.format(python=sys.executable, port=free_port(), worker=tmp_path / "worker.py", out=out)
+    )
+    (tmp_path / "driver.sh").write_text(DRIVER.format(out=out, job=tmp_path / "job.sh"))
+    hosts_before = Path("/etc/hosts").read_text()
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.rehearsal.cluster",
+            "run",
+            "--state-dir",
+            str(state_dir),
+            "--",
+            "bash",
+            str(tmp_path / "driver.sh"),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=800,
+        check=False,
+    )
+
+    log = (out / "job.log").read_text() if (out / "job.log").exists() else "(no job log)"
+    assert done.returncode == 7, f"{done.stdout}\n{done.stderr}\n{log}"
+    ranks = {p.name: p.read_text().split() for p in out.glob("rank*.txt")}
+    assert sorted(ranks) == ["rank0.txt", "rank1.txt"], log
+    assert {node for node, _ in ranks.values()} == {"n1", "n2"}  # one task on each node
+    assert {float(total) for _, total in ranks.values()} == {3.0}  # 1 + 2 over Gloo
+    _assert_gone(state_dir, hosts_before)
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_sigterm_stops_the_command_and_the_cluster(state_dir: Path) -> None:
+    hosts_before = Path("/etc/hosts").read_text()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "experiments.rehearsal.cluster",
+            "run",
+            "--state-dir",
+            str(state_dir),
+            "--",
+            "sleep",
+            "600",
+        ],
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    state_file = state_dir / "state.json"
+    deadline = time.monotonic() + 500
+    while not (state_file.exists() and "slurmd-n2" in json.loads(state_file.read_text())["pids"]):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.5)
+    time.sleep(1.0)  # let it pass the idle wait into the command, or not: both must clean up
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    _assert_gone(state_dir, hosts_before)
