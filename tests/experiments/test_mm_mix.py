@@ -130,3 +130,13 @@ def test_refuses_to_overwrite_a_build(mix: Path, cache: Path) -> None:
     with pytest.raises(FileExistsError, match="--overwrite"):
         build(MMMixConfig(cache, mix, RECORDS))
 
+
+def test_paper_config_reads_the_mix_images_from_the_mix_folder() -> None:
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    spec = yaml.safe_load((root / "config" / "paper.yaml").read_text())["data"]["datasets"]
+    mmmix = spec["mmmix"]
+    # records hold images/<source>/<id>.<ext>: the image root must be the mix folder
+    assert mmmix.get("image_dir", mmmix["hub"]) == mmmix["hub"]
+    assert mmmix["image_max_pixels"] == MMMixConfig(root, root, 10).image_max_pixels
