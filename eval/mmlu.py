@@ -84,6 +84,33 @@ def _split_files(folder: Path) -> tuple[str, dict[str, list[Path]]]:
     return builder, files
 
 
+def _subject_task(folder: Path) -> dict:
+    """lm-eval's ``mmlu_<subject>`` task, reading ``folder``'s files instead of the hub."""
+    real = _lm_eval_mmlu_dir()
+    subject = folder.name
+    spec_path = real / f"mmlu_{subject}.yaml"
+    if not spec_path.exists():
+        raise ValueError(
+            f"{folder} is not an MMLU subject (lm-eval has no "
+            f"mmlu_{subject}); name folders after cais/mmlu configs"
+        )
+    builder, files = _split_files(folder)
+    for path in (p for paths in files.values() for p in paths):
+        _check_rows(path)
+    spec = yaml.safe_load(spec_path.read_text())
+    task = yaml.safe_load((real / "_default_template_yaml").read_text())
+    task.update(
+        task=f"{LOCAL_TASK}_{subject}",
+        task_alias=subject,
+        description=spec["description"],
+        tag=spec["tag"].replace("mmlu_", f"{LOCAL_TASK}_", 1),
+        dataset_path=builder,
+        dataset_name=None,
+        dataset_kwargs={"data_files": {k: [str(p) for p in v] for k, v in files.items()}},
+    )
+    return task
+
+
 def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     """Write the ``mmlu_local`` group's task YAML into ``out_dir``; returns ``out_dir``.
 
@@ -107,31 +134,10 @@ def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     subjects = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not subjects:
         raise FileNotFoundError(f"MMLU task folder {root} has no <subject>/ folders")
-    real = _lm_eval_mmlu_dir()
-    template = yaml.safe_load((real / "_default_template_yaml").read_text())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for subject in subjects:
-        spec_path = real / f"mmlu_{subject}.yaml"
-        if not spec_path.exists():
-            raise ValueError(
-                f"{root / subject} is not an MMLU subject (lm-eval has no "
-                f"mmlu_{subject}); name folders after cais/mmlu configs"
-            )
-        builder, files = _split_files(root / subject)
-        for path in (p for paths in files.values() for p in paths):
-            _check_rows(path)
-        spec = yaml.safe_load(spec_path.read_text())
-        task = dict(template)
-        task.update(
-            task=f"{LOCAL_TASK}_{subject}",
-            task_alias=subject,
-            description=spec["description"],
-            tag=spec["tag"].replace("mmlu_", f"{LOCAL_TASK}_", 1),
-            dataset_path=builder,
-            dataset_name=None,
-            dataset_kwargs={"data_files": {k: [str(p) for p in v] for k, v in files.items()}},
-        )
+        task = _subject_task(root / subject)
         (out / f"{LOCAL_TASK}_{subject}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
     aggregate = [{"metric": "acc", "weight_by_size": True}]
     present = {

@@ -52,7 +52,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 MARKER = ".staged.json"
 MANIFEST = "STAGED.json"
@@ -60,6 +60,7 @@ MANIFEST = "STAGED.json"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja")
 MODEL_REQUIRED = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 _HIDDEN = (".cache/", MARKER)  # snapshot_download's metadata folder and our marker
+RepoKind = Literal["model", "dataset"]
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,13 @@ class RepoSpec:
     ``fnmatch`` on the path inside the repository)."""
 
     repo: str
-    kind: str  # "model" or "dataset"
+    kind: RepoKind
     allow: tuple[str, ...]
     ignore: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("model", "dataset"):
-            raise ValueError(f"kind must be 'model' or 'dataset', got {self.kind!r}")
+        if self.kind not in RepoKind.__args__:
+            raise ValueError(f"kind must be one of {RepoKind.__args__}, got {self.kind!r}")
         if self.repo.count("/") != 1 or not all(self.repo.split("/")):
             raise ValueError(f"Repository ids are '<org>/<name>', got {self.repo!r}")
         if not self.allow:
@@ -138,6 +139,10 @@ class StageSpec:
                                  f"allow (and optionally ignore) pattern lists")
             repos.append(RepoSpec(repo, "dataset", tuple(entry.get("allow", ())),
                                   tuple(entry.get("ignore", ()))))
+        for name, entry in spec.get("urls", {}).items():
+            if set(entry) != {"url", "extract_to"}:
+                raise ValueError(f"url {name}: give exactly url and extract_to, got "
+                                 f"{sorted(entry)}")
         urls = [UrlSpec(name, **entry) for name, entry in spec.get("urls", {}).items()]
         return cls(tuple(repos), tuple(urls))
 
