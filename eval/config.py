@@ -111,8 +111,9 @@ class MMLUConfig(_Common):
     Attributes:
         task: lm-eval task or group; ``mmlu`` (the standard group, from the hub) or, with
             ``task_files``, ``mmlu_local``.
-        task_files: folder of local MMLU files (``<subject>/{test,dev}.jsonl`` in the
-            ``cais/mmlu`` fields); builds the ``mmlu_local`` group. None: the hub.
+        task_files: folder of local MMLU files in the ``cais/mmlu`` fields
+            (``<subject>/{test,dev}.jsonl``, or the hub's ``<subject>/{test,dev}-*.parquet``
+            as staged); builds the ``mmlu_local`` group. None: the hub.
         num_fewshot: shots (from the ``dev`` split, first n, as lm-eval's MMLU does).
         apply_chat_template: render prompts with the tokenizer's chat template.
         batch_size: HFLM batch size.

@@ -10,6 +10,10 @@
   multiple-choice rows per subject keyed A, B and C (one with two images) and one
   open-question row with a numeric answer, which the MC scorer must exclude.
 
+`write_mmlu_hub` and `write_mmmu_subjects` write the same rows in the hub repositories'
+own layouts (parquet per subject folder), for the hub mirror of
+`experiments.rehearsal.hub_mirror`.
+
 The questions are synthetic; the files exist so the real code paths run offline. Scores
 on them are pipeline checks. Deterministic: the same command writes the same rows.
 
@@ -63,6 +67,29 @@ def write_mmlu(out: Path) -> list[Path]:
     return paths
 
 
+MMLU_HUB_SPLITS = (("dev", 5, 0), ("validation", 4, 9), ("test", 3, 5))
+
+
+def write_mmlu_hub(root: Path) -> list[Path]:
+    """``root/<subject>/{dev,validation,test}-00000-of-00001.parquet``: the layout and
+    features of the ``cais/mmlu`` hub repository (``answer`` a ``ClassLabel`` A-D, stored
+    as its integer index), with the rows of the jsonl fixtures (test rows as `write_mmlu`)."""
+    from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+    features = Features({"question": Value("string"), "subject": Value("string"),
+                         "choices": Sequence(Value("string")),
+                         "answer": ClassLabel(names=["A", "B", "C", "D"])})
+    paths = []
+    for k, subject in enumerate(MMLU_SUBJECTS):
+        for split, n, offset in MMLU_HUB_SPLITS:
+            rows = _mmlu_rows(subject, n, offset + k if split == "test" else offset)
+            path = root / subject / f"{split}-00000-of-00001.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Dataset.from_list(rows, features=features).to_parquet(str(path))
+            paths.append(path)
+    return paths
+
+
 def _png(h: int, w: int, colour: tuple[int, int, int]) -> dict:
     from PIL import Image
 
@@ -71,10 +98,10 @@ def _png(h: int, w: int, colour: tuple[int, int, int]) -> dict:
     return {"bytes": buf.getvalue(), "path": None}
 
 
-def _mmmu_rows(subject: str, k: int) -> list[dict]:
+def _mmmu_rows(subject: str, k: int, split: str = "validation") -> list[dict]:
     def row(i: int, question: str, options: list[str], answer: str, qtype: str, images: int):
         record = {
-            "id": f"validation_{subject}_{i}",
+            "id": f"{split}_{subject}_{i}",
             "question": question,
             "options": str(options),
             "explanation": "",
@@ -120,6 +147,14 @@ def _mmmu_rows(subject: str, k: int) -> list[dict]:
 
 
 def write_mmmu(out: Path) -> list[Path]:
+    """The shipped MMMU fixtures: ``out/mmmu/<Subject>/validation-00000-of-00001.parquet``."""
+    return write_mmmu_subjects(out / "mmmu", ("validation",))
+
+
+def write_mmmu_subjects(root: Path, splits: tuple[str, ...]) -> list[Path]:
+    """``root/<Subject>/<split>-00000-of-00001.parquet`` for each split: the layout and
+    features of the ``MMMU/MMMU`` hub repository (every split holds the same rows, with
+    ids prefixed by the split)."""
     from datasets import Dataset, Features, Image, Value
 
     string = Value("string")
@@ -139,12 +174,13 @@ def write_mmmu(out: Path) -> list[Path]:
     )
     paths = []
     for k, subject in enumerate(MMMU_SUBJECTS):
-        rows = _mmmu_rows(subject, k)
-        table = {name: [r[name] for r in rows] for name in features}
-        path = out / "mmmu" / subject / "validation-00000-of-00001.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Dataset.from_dict(table, features=features).to_parquet(str(path))
-        paths.append(path)
+        for split in splits:
+            rows = _mmmu_rows(subject, k, split)
+            table = {name: [r[name] for r in rows] for name in features}
+            path = root / subject / f"{split}-00000-of-00001.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Dataset.from_dict(table, features=features).to_parquet(str(path))
+            paths.append(path)
     return paths
 
 

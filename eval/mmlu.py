@@ -3,15 +3,18 @@
 The loaded checkpoint and its tokenizer are wrapped in lm-eval's ``HFLM`` and scored
 with ``simple_evaluate``: on the cluster the standard ``mmlu`` group (``cais/mmlu`` from
 the hub, 57 subjects in 4 categories); offline, the ``mmlu_local`` group built by
-`write_local_tasks` from local files in the ``cais/mmlu`` fields. The local group copies
-lm-eval's own MMLU task settings (prompt, choices, few-shot sampler, per-subject
-description and category tag) and changes only where the data comes from
-(``dataset_path: json``), so both runs take the same code path. Shots and chat-template
-use are settings and go into the result.
+`write_local_tasks` from local files in the ``cais/mmlu`` fields (the project's jsonl
+fixtures, or the hub's parquet layout as staged by ``experiments.data.stage``). The local
+group copies lm-eval's own MMLU task settings (prompt, choices, few-shot sampler,
+per-subject description and category tag) and changes only where the data comes from
+(``dataset_path: json`` or ``parquet``), so both runs take the same code path. Shots and
+chat-template use are settings and go into the result.
 
     python -m eval.mmlu --checkpoint runs/x/final --out results/eval/x/mmlu.json
     python -m eval.mmlu --checkpoint runs/x/final --task mmlu_local \\
         --task-files eval/fixtures/mmlu --out results/eval/x/mmlu_local.json
+    python -m eval.mmlu --checkpoint runs/x/final --task mmlu_local \\
+        --task-files <cache>/datasets/cais/mmlu --out results/eval/x/mmlu_local.json
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import yaml
 CATEGORIES = ("stem", "humanities", "social_sciences", "other")
 MMLU_FIELDS = ("question", "subject", "choices", "answer")
 LOCAL_TASK = "mmlu_local"
+SPLITS = ("test", "dev")
 
 
 def _lm_eval_mmlu_dir() -> Path:
@@ -34,12 +38,19 @@ def _lm_eval_mmlu_dir() -> Path:
     return Path(lm_eval.tasks.__file__).parent / "mmlu" / "default"
 
 
+def _rows(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def _check_rows(path: Path) -> int:
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    if not lines:
+    rows = _rows(path)
+    if not rows:
         raise ValueError(f"MMLU task file {path} has no rows")
-    for n, line in enumerate(lines, 1):
-        row = json.loads(line)
+    for n, row in enumerate(rows, 1):
         missing = [f for f in MMLU_FIELDS if f not in row]
         if missing:
             raise ValueError(
@@ -52,15 +63,63 @@ def _check_rows(path: Path) -> int:
                 f"index 0-3, got {len(row['choices'])} choices and answer "
                 f"{row['answer']!r}"
             )
-    return len(lines)
+    return len(rows)
+
+
+def _split_files(folder: Path) -> tuple[str, dict[str, list[Path]]]:
+    """(lm-eval dataset_path, {split: files}) of one subject folder: ``{test,dev}.jsonl``
+    (the project's fixtures) or ``{test,dev}-*.parquet`` (the ``cais/mmlu`` hub layout)."""
+    jsonl = {split: folder / f"{split}.jsonl" for split in SPLITS}
+    if any(p.exists() for p in jsonl.values()):
+        builder, files = "json", {k: [v] if v.exists() else [] for k, v in jsonl.items()}
+    else:
+        builder = "parquet"
+        files = {split: sorted(folder.glob(f"{split}-*.parquet")) for split in SPLITS}
+    for split, paths in files.items():
+        if not paths:
+            raise FileNotFoundError(
+                f"MMLU subject {folder.name} lacks its {split} split: no {split}.jsonl or "
+                f"{split}-*.parquet in {folder}"
+            )
+    return builder, files
+
+
+def _subject_task(folder: Path) -> dict:
+    """lm-eval's ``mmlu_<subject>`` task, reading ``folder``'s files instead of the hub."""
+    real = _lm_eval_mmlu_dir()
+    subject = folder.name
+    spec_path = real / f"mmlu_{subject}.yaml"
+    if not spec_path.exists():
+        raise ValueError(
+            f"{folder} is not an MMLU subject (lm-eval has no "
+            f"mmlu_{subject}); name folders after cais/mmlu configs"
+        )
+    builder, files = _split_files(folder)
+    for path in (p for paths in files.values() for p in paths):
+        _check_rows(path)
+    spec = yaml.safe_load(spec_path.read_text())
+    task = yaml.safe_load((real / "_default_template_yaml").read_text())
+    task.update(
+        task=f"{LOCAL_TASK}_{subject}",
+        task_alias=subject,
+        description=spec["description"],
+        tag=spec["tag"].replace("mmlu_", f"{LOCAL_TASK}_", 1),
+        dataset_path=builder,
+        dataset_name=None,
+        dataset_kwargs={"data_files": {k: [str(p) for p in v] for k, v in files.items()}},
+    )
+    return task
 
 
 def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     """Write the ``mmlu_local`` group's task YAML into ``out_dir``; returns ``out_dir``.
 
-    ``task_files`` holds ``<subject>/test.jsonl`` and ``<subject>/dev.jsonl`` for MMLU
-    subjects (names as lm-eval's ``mmlu_<subject>`` tasks). Paths in the YAML are
-    absolute because lm-eval resolves ``data_files`` against the working directory.
+    ``task_files`` holds one folder per MMLU subject (names as lm-eval's
+    ``mmlu_<subject>`` tasks) with either ``test.jsonl`` and ``dev.jsonl`` (the project's
+    fixtures) or ``test-*.parquet`` and ``dev-*.parquet`` (``cais/mmlu`` as the hub stores
+    it, e.g. a staged ``<cache>/datasets/cais/mmlu`` without its ``all`` folder). Paths
+    in the YAML are absolute because lm-eval resolves ``data_files`` against the working
+    directory.
 
     Raises:
         FileNotFoundError: a folder or split file is missing.
@@ -75,33 +134,10 @@ def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     subjects = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not subjects:
         raise FileNotFoundError(f"MMLU task folder {root} has no <subject>/ folders")
-    real = _lm_eval_mmlu_dir()
-    template = yaml.safe_load((real / "_default_template_yaml").read_text())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for subject in subjects:
-        spec_path = real / f"mmlu_{subject}.yaml"
-        if not spec_path.exists():
-            raise ValueError(
-                f"{root / subject} is not an MMLU subject (lm-eval has no "
-                f"mmlu_{subject}); name folders after cais/mmlu configs"
-            )
-        files = {split: root / subject / f"{split}.jsonl" for split in ("test", "dev")}
-        for split, path in files.items():
-            if not path.exists():
-                raise FileNotFoundError(f"MMLU subject {subject} lacks its {split} split {path}")
-            _check_rows(path)
-        spec = yaml.safe_load(spec_path.read_text())
-        task = dict(template)
-        task.update(
-            task=f"{LOCAL_TASK}_{subject}",
-            task_alias=subject,
-            description=spec["description"],
-            tag=spec["tag"].replace("mmlu_", f"{LOCAL_TASK}_", 1),
-            dataset_path="json",
-            dataset_name=None,
-            dataset_kwargs={"data_files": {k: str(v) for k, v in files.items()}},
-        )
+        task = _subject_task(root / subject)
         (out / f"{LOCAL_TASK}_{subject}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
     aggregate = [{"metric": "acc", "weight_by_size": True}]
     present = {

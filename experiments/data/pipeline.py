@@ -22,11 +22,12 @@ headers and the processor's own patch count); a test proves it equal to
 ``len(dataset[i]["input_ids"])``. `fingerprint()` hashes every setting that changes
 lengths, for the length cache of the GMT/BMT baselines.
 
-One loader path: a local file or folder (json / jsonl / parquet, as written by
-`experiments.data.proxies` or downloaded) or a hub id, both through
+One loader path: a local file, folder or glob (json / jsonl / parquet, as written by
+`experiments.data.proxies` or staged by `experiments.data.stage`) or a hub id, both through
 ``datasets.load_dataset``.
 """
 
+import glob
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -59,7 +60,8 @@ class DataConfig:
         dataset: record schema: ``ultrachat`` (``messages``), ``llava`` / ``sharegpt4o``
             (``conversations`` + one ``image``), ``mmmix`` (``conversations`` + ``images``;
             also the leverage mixes).
-        source: a local file or folder, an ``hf://`` file, or a hub dataset id.
+        source: a local file or folder, a local glob (``.../data/train_sft-*.parquet``),
+            an ``hf://`` file, or a hub dataset id.
         processor: tokenizer + image processor folder, or a hub model id.
         subset: hub config name (``sharegpt4o`` in ``lmms-lab/LLaVA-OneVision-Data``).
         split: hub split; local files always read as one ``train`` split.
@@ -152,11 +154,28 @@ def _builder(files: list[str]) -> str:
     return "parquet" if files[0].endswith(".parquet") else "json"
 
 
+def _glob_files(pattern: str) -> list[Path]:
+    """The files matching a glob source (a staged hub folder's shards)."""
+    files = sorted(p for p in map(Path, glob.glob(pattern)) if p.is_file())
+    if not files:
+        raise FileNotFoundError(
+            f"No files match the source pattern {pattern!r}; check the staged folder "
+            f"(python -m experiments.data.stage) or fix the pattern")
+    return files
+
+
 def data_files(cfg: DataConfig) -> list[str] | None:
-    """The files a config reads, or None for a hub dataset id."""
+    """The files a config reads, or None for a hub dataset id.
+
+    A source with glob characters (``*?[``) that is not an ``hf://`` path is a local
+    pattern, e.g. ``<cache>/datasets/HuggingFaceH4/ultrachat_200k/data/train_sft-*.parquet``;
+    it must match at least one file (it never falls through to a hub look-up).
+    """
     path = Path(cfg.source)
     if path.exists():
         return [str(p) for p in _local_files(path)]
+    if any(c in cfg.source for c in "*?[") and "://" not in cfg.source:
+        return [str(p) for p in _glob_files(cfg.source)]
     if cfg.source.endswith((".json", ".jsonl", ".parquet")):
         return [cfg.source]  # e.g. hf://datasets/liuhaotian/LLaVA-Instruct-150K/...json
     return None

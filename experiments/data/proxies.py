@@ -449,16 +449,25 @@ _WRITERS = {"ultrachat": _write_ultrachat, "llava": _write_llava,
             "sharegpt4o": _write_sharegpt4o, "mmmix": _write_mmmix}
 
 
-def write_proxy(cfg: ProxyConfig, out_dir: Path) -> dict:
+def write_proxy(cfg: ProxyConfig, out_dir: Path, keep: int = 0) -> dict:
     """Calibrate and write one proxy under ``out_dir``; returns its metadata record.
+
+    ``keep`` > 0 writes only the first ``keep`` records of the calibrated sample: a few
+    records drawn from the distribution that ``cfg.num_samples`` records calibrate (a
+    small sample alone often cannot reach the target CV); ``model_stats`` then describes
+    the written records.
 
     Example:
         >>> meta = write_proxy(ProxyConfig("ultrachat", 50), Path(tmp))  # doctest: +SKIP
         >>> meta["data_file"]  # doctest: +SKIP
         '.../train.jsonl'
     """
+    if not 0 <= keep <= cfg.num_samples:
+        raise ValueError(f"keep must be in [0, num_samples={cfg.num_samples}], got {keep}")
     start = time.perf_counter()
     knob, plans, lengths = calibrate(cfg)
+    if keep:
+        plans, lengths = plans[:keep], lengths[:keep]
     out_dir.mkdir(parents=True, exist_ok=True)
     data_file = _WRITERS[cfg.name](out_dir, plans, _TextSource(cfg.seed, cfg.name))
     meta = {
@@ -466,6 +475,8 @@ def write_proxy(cfg: ProxyConfig, out_dir: Path) -> dict:
         "data_file": str(data_file), "knob": {KNOB_NAMES[cfg.name]: round(knob, 6)},
         "model_stats": summary(lengths), "seconds": round(time.perf_counter() - start, 2),
     }
+    if keep:
+        meta["kept"] = keep
     (out_dir / "proxy_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 

@@ -1,1 +1,1 @@
-"""Rehearsal of the paper path on this machine: a local two-node Slurm cluster and its users."""
+"""The paper path rehearsed on this machine: a local Slurm cluster, a hub-layout mirror, the run."""

@@ -56,7 +56,7 @@ def test_local_task_copies_lm_eval_mmlu_settings(tmp_path) -> None:
     ):
         assert task[key] == real[key]
     assert task["tag"] == "mmlu_local_other_tasks" and task["dataset_path"] == "json"
-    assert Path(task["dataset_kwargs"]["data_files"]["test"]).is_absolute()
+    assert Path(task["dataset_kwargs"]["data_files"]["test"][0]).is_absolute()
 
 
 def test_task_files_with_missing_fields_fail_clearly(tmp_path) -> None:

@@ -119,3 +119,14 @@ def test_leverage_rejects_unreachable_mix(tmp_path: Path) -> None:
 def test_default_proxies_generate_within_two_minutes(proxy_root: Path) -> None:
     seconds = float((proxy_root / "generation_seconds.txt").read_text())
     assert seconds <= 120, f"generating the four default proxies took {seconds:.1f} s"
+
+
+def test_keep_writes_the_first_records_of_the_calibrated_sample(tmp_path: Path) -> None:
+    cfg = ProxyConfig("ultrachat", num_samples=200, seed=0)
+    write_proxy(cfg, tmp_path / "all")
+    meta = write_proxy(cfg, tmp_path / "few", keep=12)
+    lines = (tmp_path / "all" / "train.jsonl").read_text().splitlines()
+    assert (tmp_path / "few" / "train.jsonl").read_text().splitlines() == lines[:12]
+    assert meta["kept"] == 12 and meta["model_stats"]["n"] == 12
+    with pytest.raises(ValueError, match=r"keep must be in \[0, num_samples=200\], got 201"):
+        write_proxy(cfg, tmp_path / "bad", keep=201)

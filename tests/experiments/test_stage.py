@@ -1,0 +1,187 @@
+"""Staging through the mirror branch: a small hub-layout mirror (`experiments.rehearsal.
+hub_mirror`) is staged with the paper's spec by the same code that stages from the hub
+(only the fetch differs, a thin `snapshot_download` call), and every staged dataset is
+then read offline by the training pipeline and the evaluators' loaders."""
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval import mmlu, mmmu_data
+from experiments.data.pipeline import DataConfig, PreprocessedDataset
+from experiments.data.stage import StageSpec, stage
+from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
+
+RECORDS = 20
+# The paper grid's needs: what config/paper.yaml's stage.spec carries.
+PAPER_SPEC = {
+    "models": ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"],
+    "datasets": {
+        "HuggingFaceH4/ultrachat_200k": {"allow": ["data/train_sft-*.parquet"]},
+        "liuhaotian/LLaVA-Instruct-150K": {"allow": ["llava_instruct_150k.json"]},
+        "lmms-lab/LLaVA-OneVision-Data": {"allow": [
+            "sharegpt4o/*.parquet", "iiit5k/*.parquet", "orand_car_a/*.parquet",
+            "image_textualization(filtered)/*.parquet",
+            "aokvqa(cauldron,llava_format)/*.parquet"]},
+        "cais/mmlu": {"allow": ["*/test-*.parquet", "*/dev-*.parquet", "*/validation-*.parquet"],
+                      "ignore": ["all/*", "auxiliary_train/*"]},
+        "MMMU/MMMU": {"allow": ["*/dev-*.parquet", "*/validation-*.parquet"]},
+    },
+    "urls": {"coco_train2017": {"url": "http://images.cocodataset.org/zips/train2017.zip",
+                                "extract_to": "coco"}},
+}
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hub") / "mirror"
+    build_mirror(out, records=RECORDS, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site") / "cache"
+    stage(StageSpec.from_dict(PAPER_SPEC), out, mirror)
+    return out
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".staged")}
+
+
+def test_mirror_is_laid_out_as_the_hub(mirror: Path) -> None:
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationCastError
+
+    data = mirror / "datasets"
+    assert {"train_sft-00000-of-00003.parquet", "test_sft-00000-of-00001.parquet"} <= {
+        p.name for p in (data / "HuggingFaceH4/ultrachat_200k/data").iterdir()}
+    names = zipfile.ZipFile(mirror / "urls/train2017.zip").namelist()
+    assert len(names) == RECORDS and names[0] == "train2017/000000033471.jpg"
+    share = load_dataset("parquet", split="train", data_files=str(
+        data / "lmms-lab/LLaVA-OneVision-Data/sharegpt4o/*.parquet"))
+    assert set(share.column_names) == {"id", "image", "conversations", "data_source"}
+    assert type(share.features["image"]).__name__ == "Image"
+    assert set(MMMIX_CONFIGS.values()) < {p.name for p in
+                                          (data / "lmms-lab/LLaVA-OneVision-Data").iterdir()}
+    with pytest.raises(DatasetGenerationCastError, match="same columns"):  # as on the hub
+        load_dataset("json", split="train", data_files=sorted(
+            str(p) for p in (data / "liuhaotian/LLaVA-Instruct-150K").glob("*.json")))
+    with pytest.raises(FileExistsError, match="is not empty"):
+        build_mirror(mirror, records=RECORDS, seed=0)
+
+
+def test_stage_copies_exactly_the_selected_files(cache: Path) -> None:
+    data = cache / "datasets"
+    assert _files(data / "liuhaotian/LLaVA-Instruct-150K") == {"llava_instruct_150k.json"}
+    assert {p.name.split("-")[0] for p in (data / "HuggingFaceH4/ultrachat_200k/data").iterdir()
+            } == {"train_sft"}
+    mmlu_dirs = {p.name for p in (data / "cais/mmlu").iterdir() if p.is_dir()}
+    assert "all" not in mmlu_dirs and "auxiliary_train" not in mmlu_dirs
+    assert not any(f.startswith("test-") for f in map(lambda p: p.name,
+                                                       (data / "MMMU/MMMU").rglob("*")))
+    assert len(list((cache / "coco/train2017").glob("*.jpg"))) == RECORDS
+    model = cache / "models/Qwen/Qwen3-VL-2B-Instruct"
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= _files(model)
+    manifest = json.loads((cache / "STAGED.json").read_text())
+    assert manifest["files"] == len(_files(cache)) - 1  # all but the manifest itself
+    assert [e["repo"] for e in manifest["entries"][:2]] == PAPER_SPEC["models"]
+
+
+def test_staging_twice_does_nothing(cache: Path, mirror: Path, capsys) -> None:
+    before = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    first = json.loads((cache / "STAGED.json").read_text())
+    assert stage(StageSpec.from_dict(PAPER_SPEC), cache, mirror) == first
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()} == before
+    out = capsys.readouterr().out
+    assert out.count("skipped") == len(first["entries"]) == 8
+    assert "everything was staged already" in out
+
+
+def test_a_pattern_that_matches_nothing_names_the_repo_and_pattern(mirror, tmp_path) -> None:
+    spec = StageSpec.from_dict({"datasets": {"lmms-lab/LLaVA-OneVision-Data": {
+        "allow": ["sharegpt4o/*.parquet", "sharegpt-4o/*.parquet"]}}})
+    with pytest.raises(FileNotFoundError,
+                       match=r"lmms-lab/LLaVA-OneVision-Data: allow pattern 'sharegpt-4o/\*"):
+        stage(spec, tmp_path / "cache", mirror)
+    assert not (tmp_path / "cache/STAGED.json").exists()
+    with pytest.raises(FileNotFoundError, match="the mirror has no folder"):
+        stage(StageSpec.from_dict({"models": ["Qwen/Qwen3-VL-4B"]}), tmp_path / "c", mirror)
+    broken = tmp_path / "broken"
+    shutil.copytree(mirror / "models/Qwen/Qwen3-VL-2B-Instruct",
+                    broken / "models/Qwen/Qwen3-VL-2B-Instruct", ignore=shutil.ignore_patterns(
+                        "*.safetensors"))
+    with pytest.raises(FileNotFoundError, match=r"Qwen3-VL-2B-Instruct: model files "
+                                                r"\['\*.safetensors'\] missing"):
+        stage(StageSpec.from_dict({"models": ["Qwen/Qwen3-VL-2B-Instruct"]}), tmp_path / "d",
+              broken)
+
+
+def test_spec_errors() -> None:
+    with pytest.raises(ValueError, match=r"Unknown stage spec key\(s\) \['dataset'\]"):
+        StageSpec.from_dict({"dataset": {}})
+    with pytest.raises(ValueError, match="unknown key"):
+        StageSpec.from_dict({"datasets": {"cais/mmlu": {"patterns": ["*"]}}})
+    with pytest.raises(ValueError, match="'<org>/<name>'"):
+        StageSpec.from_dict({"models": ["Qwen3-VL-2B"]})
+    with pytest.raises(ValueError, match="only .zip"):
+        StageSpec.from_dict({"urls": {"x": {"url": "http://h/x.tar", "extract_to": "x"}}})
+
+
+def staged_config(cache: Path, name: str) -> DataConfig:
+    """The ``DataConfig`` of each staged training dataset (as the workflow sets it)."""
+    data, processor = cache / "datasets", str(cache / "models/Qwen/Qwen3-VL-2B-Instruct")
+    onevision = data / "lmms-lab/LLaVA-OneVision-Data"
+    return {
+        "ultrachat": DataConfig("ultrachat", str(
+            data / "HuggingFaceH4/ultrachat_200k/data/train_sft-*.parquet"), processor),
+        "llava": DataConfig("llava", str(data / "liuhaotian/LLaVA-Instruct-150K/"
+                                                "llava_instruct_150k.json"), processor,
+                            image_dir=str(cache / "coco/train2017")),
+        "sharegpt4o": DataConfig("sharegpt4o", str(onevision / "sharegpt4o"), processor),
+        "iiit5k": DataConfig("sharegpt4o", str(onevision / "iiit5k"), processor),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["ultrachat", "llava", "sharegpt4o", "iiit5k"])
+def test_staged_datasets_load_offline(cache: Path, name: str) -> None:
+    ds = PreprocessedDataset(staged_config(cache, name))
+    sample = ds[0]
+    assert len(sample["input_ids"]) == ds.length(0)
+    assert ("pixel_values" in sample) == (name != "ultrachat")
+    if name == "ultrachat":
+        assert len(ds) == RECORDS  # train_sft only: the test_sft shard was never staged
+
+
+def test_a_glob_source_that_matches_nothing_fails(cache: Path) -> None:
+    cfg = DataConfig("ultrachat", str(cache / "datasets/x/data/train_sft-*.parquet"),
+                     str(cache / "models/Qwen/Qwen3-VL-2B-Instruct"))
+    with pytest.raises(FileNotFoundError, match="No files match the source pattern"):
+        PreprocessedDataset(cfg)
+
+
+def test_evaluators_read_the_staged_mmlu_and_mmmu(cache: Path, tmp_path: Path) -> None:
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    tasks = mmlu.write_local_tasks(cache / "datasets/cais/mmlu", tmp_path)
+    task = yaml.safe_load((tasks / "mmlu_local_nutrition.yaml").read_text())
+    assert task["dataset_path"] == "parquet"
+    rows = load_dataset("parquet", **task["dataset_kwargs"])
+    assert (len(rows["test"]), len(rows["dev"])) == (3, 5)
+    assert rows["test"].features["answer"].names == ["A", "B", "C", "D"]
+    source = str(cache / "datasets/MMMU/MMMU")
+    assert mmmu_data.local_subjects(source) == ("Art", "Accounting", "Math", "Computer_Science")
+    row = mmmu_data.load_subject(source, "Math", "dev")[1]
+    model = cache / "models/Qwen/Qwen3-VL-2B-Instruct"
+    inputs = mmmu_data.mc_inputs(AutoTokenizer.from_pretrained(model),
+                                 Qwen2VLImageProcessorPil.from_pretrained(model), row)
+    assert inputs["image_grid_thw"].shape[0] == 2 and inputs["input_ids"].shape[0] == 1
+
