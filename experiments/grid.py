@@ -217,6 +217,9 @@ class Grid:
             overrides.append(f"method.length_cache=results/cache/{cell.data}.json")
         if cell.epochs is not None:
             overrides.append(f"train.epochs={cell.epochs}")
+        model = t["models"][cell.model]
+        if model.get("hub"):  # a staged checkpoint, read from the site cache
+            overrides.append(f"model.path={staged_model(self.config, model['hub'])}")
         overrides += list(t.get("method_overrides", {}).get(cell.method, []))
         overrides += [f"method.odb.{k}={_value(v)}" for k, v in cell.options]
         overrides += list(t.get("overrides", []))
@@ -288,26 +291,67 @@ def processor(config: Mapping[str, Any]) -> str:
     """The tokenizer + image processor: the local tiny one on proxies, else the model's."""
     if config["data"]["source"] == "proxies":
         return "results/data/assets/processor"
-    return config["model"]["processor"]
+    return staged_model(config, config["model"]["processor"])
+
+
+def stage_cache(config: Mapping[str, Any]) -> str:
+    """The site cache every paper-scale job reads (``stage.cache``)."""
+    if "stage" not in config:
+        raise ValueError("data.source=staged needs a `stage` section naming the site cache "
+                         "(stage.cache) and what to stage into it; see config/paper.yaml")
+    return str(config["stage"]["cache"]).rstrip("/")
+
+
+def staged_model(config: Mapping[str, Any], repo: str) -> str:
+    """Where a model repository lives once staged; refuses one the stage spec omits."""
+    if repo not in config["stage"]["spec"].get("models", []):
+        raise ValueError(f"model {repo} is not staged: add it to stage.spec.models in the "
+                         "workflow config")
+    return f"{stage_cache(config)}/models/{repo}"
+
+
+def staged(config: Mapping[str, Any], text: str) -> str:
+    """``text`` with ``{cache}`` replaced by the site cache (when there is one)."""
+    return text.replace("{cache}", stage_cache(config)) if "{cache}" in text else text
+
+
+def _staged_source(config: Mapping[str, Any], name: str, spec: Mapping[str, Any]) -> str:
+    """A dataset's files in the site cache, or the folder its builder rule writes."""
+    if spec.get("build"):
+        return str(spec["build"])
+    repos = config["stage"]["spec"].get("datasets", {})
+    if spec.get("hub") not in repos or not spec.get("files"):
+        raise ValueError(f"data.datasets.{name}: a staged dataset needs `hub` (a repository "
+                         "listed in stage.spec.datasets) and `files` (its pattern inside it), "
+                         "or `build` (the folder a rule makes)")
+    return f"{stage_cache(config)}/datasets/{spec['hub']}/{spec['files']}"
+
+
+def _source(config: Mapping[str, Any], name: str, spec: Mapping[str, Any]) -> str:
+    if config["data"]["source"] == "proxies":
+        return f"results/data/proxies/{name}"
+    return _staged_source(config, name, spec)
+
+
+def _extra(config: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The image folder of a staged dataset (relative paths are inside the site cache)."""
+    if config["data"]["source"] == "proxies" or not spec.get("image_dir"):
+        return ()
+    folder = str(spec["image_dir"])
+    if not folder.startswith("/"):
+        folder = f"{stage_cache(config)}/{folder}"
+    return (("image_dir", folder),)
 
 
 def _variants(config: Mapping[str, Any]) -> dict[str, DataVariant]:
     out = {}
-    proxies = config["data"]["source"] == "proxies"
     for name, spec in config["data"]["datasets"].items():
-        extra = (
-            ()
-            if proxies
-            else tuple(
-                (key, str(spec[key])) for key in ("subset", "split", "image_dir") if spec.get(key)
-            )
-        )
         out[name] = DataVariant(
             name,
             name,
-            f"results/data/proxies/{name}" if proxies else spec["hub"],
+            _source(config, name, spec),
             int(spec["image_max_pixels"]),
-            extra=extra,
+            extra=_extra(config, spec),
         )
     stale = config["ablations"]["staleness"]
     for name in stale["datasets"]:

@@ -57,9 +57,10 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
     out = _snakemake("--profile", "slurm", "-n", "--forceall")
     jobs = _job_counts(out)
     assert jobs["total"] >= 200 and jobs["train"] >= 150 and jobs["evaluate"] >= 250, jobs
-    assert "run.scale=paper" in out and "proxies" not in jobs  # the hub, not proxies
+    assert "run.scale=paper" in out and "proxies" not in jobs  # the staged hub, not proxies
+    assert jobs["stage"] == 1 and jobs["mm_mix"] == 1
     blocks = out.split("\nrule ")
-    two_node = [b for b in blocks if b.startswith("train:") and "-n2-" in b.split("\n")[1]]
+    two_node = [b for b in blocks if b.startswith("train:") and re.search(r"cell=\S+-n2-", b)]
     assert two_node and all(
         "nodes=2" in b
         and "mpi=srun" in b

@@ -18,6 +18,7 @@ rule length_cache:
         # under random augmentation the cache holds epoch 0's draw (later epochs differ)
         epoch=lambda wc: "--epoch 0" if GRID.variants[wc.data].augmented else "",
         workers=config["train"]["cache_workers"],
+        offline=OFFLINE,
     threads: max(1, config["train"]["cache_workers"])
     resources:
         mem_mb=16000,
@@ -25,6 +26,6 @@ rule length_cache:
     conda:
         "../../environment.yml"
     shell:
-        "python -m baselines.length_cache build --out {output} --num-workers {params.workers}"
+        "{params.offline}python -m baselines.length_cache build --out {output} --num-workers {params.workers}"
         " --factory experiments.data.pipeline:PreprocessedDataset --kwargs {params.kwargs:q}"
         " {params.epoch} > {log} 2>&1"

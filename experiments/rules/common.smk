@@ -3,46 +3,50 @@
 # catalog does, so each stage file reads as a list of steps.
 
 import json
+import os
 
-from experiments.grid import TABLES
+from experiments.grid import TABLES, processor, stage_cache, staged
+
+STAGED = config["data"]["source"] == "staged"
+# Every compute job of the paper path reads the site cache only: the hub is never asked.
+OFFLINE = "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 " if STAGED else ""
+STAGE_MANIFEST = f"{stage_cache(config)}/STAGED.json" if STAGED else None
+# The MM-Mix folder the mm_mix rule composes from staged sources (paper scale).
+MM_MIX = config["data"]["datasets"]["mmmix"].get("build") if STAGED else None
 
 
 def _processor():
-    if config["data"]["source"] == "proxies":
-        return "results/data/assets/processor"
-    return config["model"]["processor"]
+    return processor(config)
 
 
 def _length_stats_inputs(wildcards):
-    return ["results/data/assets"] if config["data"]["source"] == "proxies" else []
+    return data_inputs(wildcards.dataset)
 
 
 def _source(dataset):
-    spec = config["data"]["datasets"][dataset]
-    if config["data"]["source"] == "proxies":
-        return f"results/data/proxies/{dataset}"
-    return spec["hub"]
+    return GRID.variants[dataset].source
 
 
 def _source_args(dataset):
-    spec = config["data"]["datasets"][dataset]
-    args = [f"--image-max-pixels {spec['image_max_pixels']}"]
-    if config["data"]["source"] == "hub":
-        for key, flag in (("subset", "--subset"), ("split", "--split"), ("image_dir", "--image-dir")):
-            if spec.get(key):
-                args.append(f"{flag} {spec[key]}")
+    args = [f"--image-max-pixels {GRID.variants[dataset].image_max_pixels}"]
+    for key, value in GRID.variants[dataset].extra:
+        args.append(f"--{key.replace('_', '-')} {value}")
     return " ".join(args)
 
 
 def data_inputs(data):
-    """What a data variant reads: generated files at CPU scale, nothing (the hub) else."""
+    """What a data variant reads: generated files at CPU scale; the staged site cache
+    (and the MM-Mix built from it) at paper scale."""
     source = GRID.variants[data].source
     assets = ["results/data/assets"] if config["data"]["source"] == "proxies" else []
+    assets += [STAGE_MANIFEST] if STAGED else []  # the staged processor
     if source.startswith("results/data/leverage/"):
         return ["results/data/leverage", *assets]
     if source.startswith("results/data/proxies/"):
         return ["results/data/proxies", *assets]
-    return []
+    if source == MM_MIX:
+        return [MM_MIX, *assets]
+    return assets
 
 
 def _cache_kwargs(wildcards):
@@ -68,7 +72,7 @@ def _nodes(wildcards):
 
 def _eval_args(wildcards):
     ev = config["evaluate"]
-    args = [ev["args"][wildcards.benchmark], ev["device_args"]]
+    args = [staged(config, ev["args"][wildcards.benchmark]), ev["device_args"]]
     if wildcards.benchmark == "val_loss":
         # the run's own data settings (hub subset/split, image folder, cutoff, held-out
         # split) from its trainer_state.json: exactly the data it trained on
@@ -83,6 +87,8 @@ def _eval_inputs(wildcards):
     inputs = [f"results/train/{wildcards.cell}/final"]
     if wildcards.benchmark == "val_loss":
         inputs += data_inputs(GRID.cells[wildcards.cell].data)
+    elif STAGED:  # MMLU / MMMU files and the model's processor, from the site cache
+        inputs.append(STAGE_MANIFEST)
     return inputs
 
 

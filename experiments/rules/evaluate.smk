@@ -16,6 +16,7 @@ rule evaluate:
         benchmark="val_loss|mmlu|mmmu_mc|mmmu_gen",
     params:
         args=_eval_args,
+        offline=OFFLINE,
     threads: config["evaluate"]["threads"]
     resources:
         mem_mb=config["evaluate"]["mem_mb"],
@@ -25,5 +26,5 @@ rule evaluate:
     conda:
         "../../environment.yml"
     shell:
-        "python -m eval.{wildcards.benchmark} --checkpoint results/train/{wildcards.cell}/final"
+        "{params.offline}python -m eval.{wildcards.benchmark} --checkpoint results/train/{wildcards.cell}/final"
         " {params.args} --out {output} > {log} 2>&1"

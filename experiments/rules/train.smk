@@ -18,6 +18,7 @@ rule train:
     params:
         launcher=lambda wc: GRID.launcher(wc.cell),
         args=lambda wc: GRID.train_args(wc.cell),
+        offline=OFFLINE,
     threads: lambda wc: _model(wc)["threads"]
     resources:
         nodes=_nodes,
@@ -32,4 +33,4 @@ rule train:
     conda:
         "../../environment.yml"
     shell:
-        "{params.launcher} -m experiments.train {params.args} --resume auto > {log} 2>&1"
+        "{params.offline}{params.launcher} -m experiments.train {params.args} --resume auto > {log} 2>&1"

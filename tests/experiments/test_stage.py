@@ -18,22 +18,9 @@ from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
 
 RECORDS = 20
 # The paper grid's needs: what config/paper.yaml's stage.spec carries.
-PAPER_SPEC = {
-    "models": ["Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"],
-    "datasets": {
-        "HuggingFaceH4/ultrachat_200k": {"allow": ["data/train_sft-*.parquet"]},
-        "liuhaotian/LLaVA-Instruct-150K": {"allow": ["llava_instruct_150k.json"]},
-        "lmms-lab/LLaVA-OneVision-Data": {"allow": [
-            "sharegpt4o/*.parquet", "iiit5k/*.parquet", "orand_car_a/*.parquet",
-            "image_textualization(filtered)/*.parquet",
-            "aokvqa(cauldron,llava_format)/*.parquet"]},
-        "cais/mmlu": {"allow": ["*/test-*.parquet", "*/dev-*.parquet", "*/validation-*.parquet"],
-                      "ignore": ["all/*", "auxiliary_train/*"]},
-        "MMMU/MMMU": {"allow": ["*/dev-*.parquet", "*/validation-*.parquet"]},
-    },
-    "urls": {"coco_train2017": {"url": "http://images.cocodataset.org/zips/train2017.zip",
-                                "extract_to": "coco"}},
-}
+# The paper workflow's own stage spec: what `snakemake --profile slurm stage` fetches.
+PAPER_SPEC = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "config" / "paper.yaml").read_text())["stage"]["spec"]
 
 
 @pytest.fixture(scope="module")
