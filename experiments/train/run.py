@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -94,8 +95,8 @@ def preflight(cfg: TrainConfig) -> None:
     if cfg.model.init == "pretrained":
         paths["model.path"] = str(cfg.model.path)
     for key, value in paths.items():
-        if Path(value).exists():
-            continue
+        if Path(value).exists() or (key == "data.source" and glob.glob(value)):
+            continue  # a folder, a file, or a glob over staged shards that matches
         if _looks_local(value):
             raise ConfigError(f"{key}={value} does not exist; build it first (make reproduce "
                               "writes results/data/) or point it at an existing path")

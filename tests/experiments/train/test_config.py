@@ -74,3 +74,19 @@ def test_missing_required_key_and_include_cycle(tmp_path: Path) -> None:
         load_config([tmp_path / "c.yaml"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([tmp_path / "nope.yaml"])
+
+
+def test_preflight_takes_a_glob_over_staged_shards(tmp_path: Path) -> None:
+    """A staged hub dataset is a glob over its shards (config/paper.yaml); the preflight
+    took it for a missing file and stopped every staged run (found by the rehearsal)."""
+    from experiments.train.run import preflight
+
+    shards = tmp_path / "datasets/HuggingFaceH4/ultrachat_200k/data"
+    shards.mkdir(parents=True)
+    (shards / "train_sft-00000-of-00002.parquet").write_bytes(b"")
+    overrides = [f"data.source={shards}/train_sft-*.parquet", f"data.processor={tmp_path}",
+                 f"model.path={tmp_path}", "run.out_dir=x"]
+    preflight(load_config([QUICK], overrides))
+    missing = [f"data.source={shards}/test_sft-*.parquet", *overrides[1:]]
+    with pytest.raises(ConfigError, match="test_sft-\\*.parquet does not exist"):
+        preflight(load_config([QUICK], missing))
