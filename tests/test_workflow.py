@@ -65,7 +65,8 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
         "nodes=2" in b
         and "mpi=srun" in b
         and "gres=gpu:8" in b
-        and "srun --ntasks-per-node 1 --cpus-per-task 64 python -m torch.distributed.run" in b
+        and "srun --nodes 2 --ntasks 2 --ntasks-per-node 1 --cpus-per-task 64 python -m "
+        "torch.distributed.run" in b
         and "--rdzv_backend c10d" in b
         for b in two_node
     )

@@ -17,12 +17,15 @@ What it starts, all from a state directory (default `/tmp/odb-slurm`) that holds
 - `slurmctld` and one `slurmd` per node (`n1`, `n2`), both nodes on this host
   (`NodeAddr=127.0.0.1`, a free port each), in two partitions: `gpu` (the default) and
   `cpu`, mirroring a real site's split. The nodes have no GPUs;
-- one line `127.0.0.1 n1 n2` in `/etc/hosts`, tagged with a marker naming the state dir.
+- one line `127.0.0.1 n1 n2` in `/etc/hosts`, tagged with a marker naming the state dir;
+- `/etc/slurm/slurm.conf` as a link to its conf (a file already there is kept aside and
+  put back by `down`): jobs' own `srun` calls find the cluster there, as on a real site.
 
 What it guarantees to stop: `down` (and `run`, in a `finally` that also runs on SIGINT
 and SIGTERM) cancels the cluster's jobs, stops exactly the pids in `state.json`
 (SIGTERM, a grace period, SIGKILL), kills any `slurmstepd` left by those daemons,
-removes its `/etc/hosts` line and the state directory. The Debian packages and the munge
+removes its `/etc/hosts` line and its `/etc/slurm/slurm.conf` link (restoring a file
+it kept aside) and the state directory. The Debian packages and the munge
 key stay installed. `up` on a running cluster and `down` on a stopped one do nothing.
 
 Clients (`sbatch`, `srun`, `sinfo`, the Snakemake Slurm executor) find the cluster only
@@ -58,6 +61,11 @@ NODES = ("n1", "n2")
 # The first partition is the default one: training goes to `gpu`, the rest to `cpu`.
 PARTITIONS = ("gpu", "cpu")
 HOSTS_FILE = Path("/etc/hosts")
+# Where Slurm clients look without SLURM_CONF. Jobs need the cluster found there: the
+# Snakemake Slurm job-step executor strips every SLURM_* variable but the job's identity
+# from the environment of the rule it runs, so a rule's own `srun` (the 2-node launcher)
+# sees no SLURM_CONF, as on a real site, where the configuration lives here.
+SITE_CONF = Path("/etc/slurm/slurm.conf")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 PACKAGES = ("slurm-wlm", "munge")
 # Executables the packages provide; any one missing means the packages are installed.
@@ -297,6 +305,7 @@ class State:
     spec: ClusterSpec
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
     hosts_added: bool = False
+    site_conf_linked: bool = False
 
     @property
     def path(self) -> Path:
@@ -304,7 +313,8 @@ class State:
 
     def save(self) -> None:
         spec = {**dataclasses.asdict(self.spec), "state_dir": str(self.spec.state_dir)}
-        data = {"spec": spec, "pids": self.pids, "hosts_added": self.hosts_added}
+        data = {"spec": spec, "pids": self.pids, "hosts_added": self.hosts_added,
+                "site_conf_linked": self.site_conf_linked}
         self.path.write_text(json.dumps(data, indent=1) + "\n")
 
     @classmethod
@@ -323,7 +333,8 @@ class State:
                 "partitions": tuple(raw["partitions"]),
             }
         )
-        return cls(spec, {k: int(v) for k, v in data["pids"].items()}, data["hosts_added"])
+        return cls(spec, {k: int(v) for k, v in data["pids"].items()}, data["hosts_added"],
+                   data.get("site_conf_linked", False))
 
 
 def _start(state: State, name: str, cmd: list[str], user: str | None = None) -> None:
@@ -514,6 +525,31 @@ def _add_hosts(state: State) -> None:
     _log(f"added `127.0.0.1 {' '.join(state.spec.nodes)}` to {HOSTS_FILE}")
 
 
+def _saved_site_conf(spec: ClusterSpec) -> Path:
+    return spec.state_dir / "site-slurm.conf.saved"
+
+
+def _link_site_conf(state: State) -> None:
+    """Point `SITE_CONF` at this cluster's conf, keeping a site's own file aside."""
+    if SITE_CONF.exists() or SITE_CONF.is_symlink():
+        shutil.move(str(SITE_CONF), _saved_site_conf(state.spec))
+        _log(f"kept the existing {SITE_CONF} aside; `down` puts it back")
+    SITE_CONF.parent.mkdir(parents=True, exist_ok=True)
+    SITE_CONF.symlink_to(state.spec.conf_path)
+    state.site_conf_linked = True
+    state.save()
+    _log(f"linked {SITE_CONF} -> {state.spec.conf_path}")
+
+
+def _unlink_site_conf(state: State) -> None:
+    if SITE_CONF.is_symlink() and SITE_CONF.readlink() == state.spec.conf_path:
+        SITE_CONF.unlink()
+    saved = _saved_site_conf(state.spec)
+    if saved.exists() or saved.is_symlink():
+        shutil.move(str(saved), SITE_CONF)
+    _log(f"restored {SITE_CONF}")
+
+
 def _start_slurm(state: State) -> None:
     conf = str(state.spec.conf_path)
     _start(state, "slurmctld", [_exe("slurmctld"), "-D", "-f", conf])
@@ -591,6 +627,7 @@ def up(
         state.save()
         _start_munged(state)
         _add_hosts(state)
+        _link_site_conf(state)
         _start_slurm(state)
         _wait(
             lambda: nodes_idle(_sinfo(state.spec), state.spec.nodes),
@@ -674,6 +711,8 @@ def down(state_dir: Path) -> None:
     if state.hosts_added:
         _edit_hosts(lambda text: hosts_without_nodes(text, hosts_marker(state.spec.state_dir)))
         _log(f"removed this cluster's line from {HOSTS_FILE}")
+    if state.site_conf_linked:
+        _unlink_site_conf(state)
     shutil.rmtree(state.spec.state_dir, ignore_errors=True)
     _log(f"down; removed {state.spec.state_dir}")
 

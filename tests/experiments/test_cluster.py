@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from experiments.rehearsal.cluster import (
+    SITE_CONF,
     ClusterSpec,
     hosts_marker,
     hosts_with_nodes,
@@ -47,13 +48,34 @@ Path(sys.argv[1], f"rank{rank}.txt").write_text(f"{os.environ['SLURMD_NODENAME']
 dist.destroy_process_group()
 """
 
+# The job runs the paper grid's own 2-node launcher (config/paper.yaml) in the
+# environment a Snakemake rule gets inside its Slurm job: the job-step executor drops every
+# SLURM_* variable but the job's identity (SLURM_CONF and SLURM_JOB_NODELIST included), so
+# the launcher must find the cluster and the first node without them.
 JOB = """\
 #!/bin/bash
 set -euo pipefail
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun --ntasks-per-node 1 {python} -m torch.distributed.run --nnodes 2 --nproc_per_node 1 \\
-  --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID" --rdzv_endpoint "$head:{port}" {worker} {out}
+keep=" SLURM_JOB_ID SLURM_JOBID SLURM_CLUSTER_NAME SLURM_SUBMIT_DIR SLURM_SUBMIT_HOST "
+for var in $(compgen -e | grep '^SLURM_'); do
+  [[ $keep == *" $var "* ]] || unset "$var"
+done
+{launcher} {worker} {out}
 """
+
+
+def _paper_launcher(port: int) -> str:
+    """config/paper.yaml's multinode launcher for 2 nodes x 1 rank, on a free port."""
+    import yaml
+
+    template = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["train"][
+        "multinode_launcher"
+    ]
+    assert ":29500" in template
+    launcher = template.format(nodes=2, procs=1, threads=1).replace(":29500", f":{port}")
+    # a node left out of the rendezvous fails in a minute, not torchrun's ten
+    return launcher.replace("--rdzv_backend c10d", "--rdzv_backend c10d --rdzv_conf "
+                            "join_timeout=60")
+
 
 # The driver's last line exits 7 so the test also sees that `run` returns its command's code.
 DRIVER = """\
@@ -151,6 +173,7 @@ def state_dir() -> Iterator[Path]:
 def _env() -> dict[str, str]:
     return {
         **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # `python`
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
             os.pathsep
         ),
@@ -177,6 +200,7 @@ def _assert_gone(state_dir: Path, hosts_before: str) -> None:
     assert hosts_marker(state_dir) not in hosts
     assert set(hosts_before.splitlines()) <= set(hosts.splitlines())
     assert not state_dir.exists()
+    assert not SITE_CONF.is_symlink()  # its link to the cluster's conf is gone
 
 
 @needs_root
@@ -188,7 +212,7 @@ def test_two_node_torchrun_rendezvous_through_sbatch(tmp_path: Path, state_dir: 
     out.mkdir()
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "job.sh").write_text(
-        JOB.format(python=sys.executable, port=free_port(), worker=tmp_path / "worker.py", out=out)
+        JOB.format(launcher=_paper_launcher(free_port()), worker=tmp_path / "worker.py", out=out)
     )
     (tmp_path / "driver.sh").write_text(DRIVER.format(out=out, job=tmp_path / "job.sh"))
     hosts_before = Path("/etc/hosts").read_text()
