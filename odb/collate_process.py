@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from odb import torch_shm
 from odb.collate import share_batches
 from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
 from odb.comm import Rendezvous
@@ -86,6 +88,12 @@ def process_entry(
     # Stay alive until the trainer has taken everything: new blocks (and other shared
     # storages) travel as shared-memory file descriptors this process must hand over.
     stop.wait()
+    # Free the blocks before the exit skips the teardown: with the file_system sharing
+    # strategy a segment's name goes from /dev/shm only once every process that mapped
+    # it has freed it (else it stays until torch_shm_manager exits with the trainer).
+    share_batches(None)
+    del encoder
+    gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
 
@@ -98,6 +106,10 @@ def leave_trainer() -> None:
       peers see its connections close at once, not when this process ends. The
       descriptor numbers stay taken, so a socket object inherited from the trainer that
       is collected here later closes nothing of this process's own.
+    - Except a connection to torch's shared-memory manager (the ``file_system`` sharing
+      strategy; ODB's heartbeat connects the trainer before the fork): torch reuses it
+      for every later storage of this process, so it becomes this process's own new
+      connection to the same manager (:mod:`odb.torch_shm`), not the trainer's.
     - Signal handlers the trainer installed in Python (a checkpoint-on-SIGTERM handler
       of a Slurm job, say) go back to the defaults: stopping this process must not run
       the trainer's code. Except SIGCHLD's: that is torch's DataLoader handler (it
@@ -110,13 +122,26 @@ def leave_trainer() -> None:
         for fd in _open_descriptors():
             with contextlib.suppress(OSError):  # the listing's own descriptor, now closed
                 if fd > 2 and fd != null and stat.S_ISSOCK(os.fstat(fd).st_mode):
-                    os.dup2(null, fd)
+                    _leave_socket(fd, null)
     finally:
         os.close(null)
     for number in signal.valid_signals() - {signal.SIGCHLD}:
         with contextlib.suppress(OSError, ValueError):
             if callable(signal.getsignal(number)):
                 signal.signal(number, signal.SIG_DFL)
+
+
+def _leave_socket(fd: int, null: int) -> None:
+    """Replace the trainer's socket ``fd``: by this process's own manager connection
+    if it is one to torch's shared-memory manager, else by ``/dev/null``."""
+    address = torch_shm.manager_address(fd)
+    if address is not None:
+        try:
+            torch_shm.reconnect(fd, address)
+            return
+        except OSError:  # the manager is gone: the trainer cannot share through it either
+            pass
+    os.dup2(null, fd)
 
 
 def _open_descriptors() -> list[int]:
