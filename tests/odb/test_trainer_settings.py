@@ -32,13 +32,13 @@ from torch.utils.data import DataLoader
 
 import odb
 from tests.dist import run_ranks, run_torchrun
+from tests.forked import run_forked
 from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
 from tests.odb.trainer_settings_script import (
     COLLATE,
     LENGTHS,
     SETTINGS,
     run_settings,
-    sharing_strategy,
 )
 
 SCRIPT = Path(__file__).with_name("trainer_settings_script.py")
@@ -123,28 +123,38 @@ def _shm_mapped(tensor: torch.Tensor) -> bool:
     return False
 
 
-def test_the_issue_snippet_trains_at_one_rank_with_the_handoffs_guarantees() -> None:
-    """file_system sharing, default settings (forked collate process), W = 1."""
+def _snippet_with_the_handoffs_guarantees() -> None:
     before = shm_entries()
-    with sharing_strategy("file_system"):
-        loader = odb.ODBLoader(
-            _Dataset(), token_budget=256, collate_fn=odb.PadCollate(), num_workers=2
-        )
-        kept = list(loader)  # the trainer keeps every batch
-        ids = sorted(i for batch in kept for i in odb.pop_step_info(batch).sample_ids)
-        assert ids == list(range(64))
-        # No copy: every batch is a view of a block mapped from shared memory.
-        assert all(_shm_mapped(batch["input_ids"]) for batch in kept)
-        del loader
-        gc.collect()
-        held = held_shm([os.getpid()]) - before
-        assert held, "the kept batches hold no shared memory"
-        assert held <= shm_entries(), "file_system segments keep their names while held"
-        kept.clear()
-        gc.collect()
-        # Freed when the trainer lets go; nothing left for torch_shm_manager to unlink.
-        assert not held_shm([os.getpid()]) - before
-        assert not leaked_shm(before)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    loader = odb.ODBLoader(_Dataset(), token_budget=256, collate_fn=odb.PadCollate(), num_workers=2)
+    kept = list(loader)  # the trainer keeps every batch
+    ids = sorted(i for batch in kept for i in odb.pop_step_info(batch).sample_ids)
+    assert ids == list(range(64))
+    # No copy: every batch is a view of a block mapped from shared memory.
+    assert all(_shm_mapped(batch["input_ids"]) for batch in kept)
+    del loader
+    gc.collect()
+    held = _torch_segments_held() - before
+    assert held, "the kept batches hold no shared memory"
+    assert held <= shm_entries(), "file_system segments keep their names while held"
+    kept.clear()
+    gc.collect()
+    # Freed when the trainer lets go; nothing left for torch_shm_manager to unlink.
+    assert not _torch_segments_held() - before
+    assert not leaked_shm(before)
+
+
+def _torch_segments_held() -> set[str]:
+    """torch's shared-memory segments this process maps or holds open."""
+    return {name for name in held_shm([os.getpid()]) if name.startswith("torch_")}
+
+
+def test_the_issue_snippet_trains_at_one_rank_with_the_handoffs_guarantees() -> None:
+    """file_system sharing, default settings (forked collate process), W = 1.
+
+    In a forked child (``tests.forked``): the strategy's torch_shm_manager goes with it.
+    """
+    run_forked(_snippet_with_the_handoffs_guarantees)
 
 
 # A lock of the trainer's that its metrics thread holds while it writes; the dataset
