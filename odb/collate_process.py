@@ -73,7 +73,10 @@ def process_entry(
     # DataLoader workers start the way they would in the trainer (a spawned child
     # otherwise defaults to spawn, whatever the trainer uses).
     multiprocessing.set_start_method(start_method, force=True)
-    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    # Forked or spawned, this process is the trainer's child; started by a forkserver it
+    # is the server's, and its parent never changes while the trainer lives.
+    direct = os.getppid() == parent_pid
+    threading.Thread(target=_watchdog, args=(parent_pid, direct, stop), daemon=True).start()
     if parts is None:  # the handshake (odb/startup.py): the parts arrive after the start
         parts = pickle.loads(jobs.recv_bytes())
     spec, rendezvous = parts
@@ -176,7 +179,7 @@ def _skip_teardown() -> None:
     os._exit(0)
 
 
-def _watchdog(parent_pid: int, stop: Any) -> None:
+def _watchdog(parent_pid: int, direct: bool, stop: Any) -> None:
     """End this collate process when its trainer is gone, or stopped it and it is stuck.
 
     Either way its DataLoader workers are killed first: a worker stuck in the user's
@@ -185,12 +188,25 @@ def _watchdog(parent_pid: int, stop: Any) -> None:
     stopped_at = None
     while True:
         time.sleep(_WATCHDOG_S)
-        if os.getppid() != parent_pid:
+        if not _trainer_alive(parent_pid, direct):
             _exit_now()
         if stopped_at is None and stop.is_set():
             stopped_at = time.monotonic()
         if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
             _exit_now()
+
+
+def _trainer_alive(parent_pid: int, direct: bool) -> bool:
+    """Whether the trainer still runs: still this process's parent when ``direct``."""
+    if direct:
+        return os.getppid() == parent_pid
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user took the number: the trainer is gone
+        return False
+    return True
 
 
 def _exit_now() -> None:

@@ -35,9 +35,9 @@ from tests.dist import run_ranks, run_torchrun
 from tests.forked import run_forked
 from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
 from tests.odb.trainer_settings_script import (
-    COLLATE,
     LENGTHS,
     SETTINGS,
+    TORCHRUN_COLLATE,
     run_settings,
 )
 
@@ -50,6 +50,7 @@ SINGLE = [([s], "fork") for s in SETTINGS] + [([s], "thread") for s in OTHERS]
 STACKED = [
     (OTHERS + ["start_method_spawn"], "fork"),
     (OTHERS + ["start_method_forkserver"], "spawn"),
+    (OTHERS + ["start_method_spawn"], "forkserver"),
     (OTHERS + ["start_method_spawn"], "thread"),
 ]
 
@@ -81,7 +82,7 @@ def test_file_system_sharing_trains_each_sample_once_under_torchrun(tmp_path: Pa
     )
     assert code == 0, err[-3000:]
     per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert sorted(per_rank[0]) == [f"sharing_file_system/{c}" for c in sorted(COLLATE)]
+    assert sorted(per_rank[0]) == [f"sharing_file_system/{c}" for c in sorted(TORCHRUN_COLLATE)]
     _check_every_sample_once(per_rank)
 
 

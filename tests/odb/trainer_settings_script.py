@@ -6,7 +6,7 @@ Used by ``tests/odb/test_trainer_settings.py`` on ranks started by ``tests.dist.
 
     torchrun --nproc_per_node 2 tests/odb/trainer_settings_script.py OUT_DIR SETTING...
 
-(each setting with every way of running the collate side).
+(each setting with a forked and a spawned collate process and a collate thread).
 
 A run applies one or more settings in the rank, builds a loader with one way of running
 the collate side (:data:`COLLATE`), runs it for one epoch and undoes the settings. It
@@ -38,8 +38,10 @@ LENGTHS = [(i * 7) % 40 + 1 for i in range(24)]
 COLLATE: dict[str, dict[str, Any]] = {
     "fork": {},  # the default on Linux: a forked collate process
     "spawn": {"collate_start_method": "spawn"},
+    "forkserver": {"collate_start_method": "forkserver"},
     "thread": {"collate_mode": "thread"},
 }
+TORCHRUN_COLLATE = ("fork", "spawn", "thread")  # what the script runs under torchrun
 
 
 @contextlib.contextmanager
@@ -175,7 +177,7 @@ if __name__ == "__main__":
 
     out_dir, names = sys.argv[1], sys.argv[2:]
     dist.init_process_group("gloo")
-    runs = [([name], collate) for name in names for collate in COLLATE]
+    runs = [([name], collate) for name in names for collate in TORCHRUN_COLLATE]
     result = run_settings(dist.get_rank(), dist.get_world_size(), runs, out_dir)
     Path(out_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
