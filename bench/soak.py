@@ -1,7 +1,9 @@
 """Randomized soak: many seeded multi-rank scenarios, each under a hard wall-clock limit.
 
 Every scenario is drawn from its seed (world size 1-4, collate thread or process, the
-process forked or spawned, 0-2 DataLoader workers, fork or spawn workers, budgets from
+process forked, spawned or started by a forkserver, torch's ``file_descriptor`` or
+``file_system`` sharing strategy set by the trainer, 0-2 DataLoader workers, fork or
+spawn workers, budgets from
 tiny to large, skewed and long-tail lengths with over-budget samples, empty shards,
 join and non-join, 1-3 epochs, both alignment policies, gradient accumulation, small
 and large buffers and queues; who shards: ODB dealing one dataset, a user's global sampler, per-rank
@@ -37,6 +39,7 @@ Prints one JSON document; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -45,13 +48,17 @@ import random
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch.multiprocessing
 
 from tests.dist import run_ranks
 from tests.odb.scenarios import SETUPS, Scenario, check_scenario, draw_lengths, run_scenario
 
 BUDGETS = (4, 16, 64, 256, 1024, 8192)
+STARTS = ("fork", "fork", "spawn", "forkserver")  # of a collate process; fork is Linux's default
 LIMIT_S = 90.0  # hard wall-clock limit of one scenario
 COUNTERS = (
     "hangs",
@@ -62,22 +69,33 @@ COUNTERS = (
 )
 
 
-def draw(seed: int, quick: bool = False) -> tuple[Scenario, str]:
-    """The scenario of ``seed`` and the start method of its ranks' DataLoader workers.
+@dataclass(frozen=True)
+class Draw:
+    """One seed's scenario and what its ranks set before they build the loader."""
+
+    scenario: Scenario
+    worker_start: str  # the ranks' global start method (their DataLoader workers')
+    sharing: str  # torch.multiprocessing's sharing strategy
+
+
+def draw(seed: int, quick: bool = False) -> Draw:
+    """The scenario of ``seed``, its ranks' start method and sharing strategy.
 
     ``quick`` (the CI slice) draws the same space but cheaper: one or two epochs, at
     most 60 samples, a collate process in a third of the scenarios (each costs a
     process start per epoch) and forked workers only.
     """
     if quick:
-        scenario, _ = draw(seed)
+        scenario = draw(seed).scenario
         rng = random.Random(seed * 7919 + 1)
         mode = "process" if rng.random() < 1 / 3 else "thread"
         options = dict(scenario.options, collate_mode=mode)
+        options.pop("collate_start_method", None)
         lengths = scenario.lengths[:60]
         epochs = min(scenario.epochs, 2)
         quick_scenario = Scenario(seed, scenario.world_size, lengths, options, epochs=epochs)
-        return _with_setup(quick_scenario, rotate=True), "fork"
+        quick_scenario, sharing = _with_processes(quick_scenario, rotate=True)
+        return Draw(_with_setup(quick_scenario, rotate=True), "fork", sharing)
     rng = random.Random(seed)
     world_size = rng.randint(1, 4)
     mode = rng.choice(["thread", "process"])
@@ -109,10 +127,30 @@ def draw(seed: int, quick: bool = False) -> tuple[Scenario, str]:
         init_timeout_s=60.0,
     )
     start_method = "spawn" if rng.random() < 0.2 else "fork"
-    if mode == "process" and seed % 2 == 1:  # no draw: every seed keeps its scenario
-        options["collate_start_method"] = "spawn"  # even seeds fork it (Linux's default)
     scenario = Scenario(seed, world_size, lengths, options, epochs=rng.choice([1, 2, 3]))
-    return _with_setup(scenario), start_method
+    scenario, sharing = _with_processes(scenario)
+    return Draw(_with_setup(scenario), start_method, sharing)
+
+
+def _with_processes(scenario: Scenario, rotate: bool = False) -> tuple[Scenario, str]:
+    """Draw the collate process's start and the trainer's sharing strategy (issue 31).
+
+    From a stream of their own, so every earlier draw of a seed stays as it was. Half
+    the collate processes fork (Linux's default), the others spawn or use a forkserver;
+    a third of the scenarios share tensors through ``file_system`` (torch_shm_manager),
+    as many training scripts set. ``rotate`` (the quick draw) takes them in turn by
+    seed instead: half the scenarios ``file_system``, the starts in turn.
+    """
+    rng = random.Random(scenario.seed * 7919 + 3)
+    sharing = "file_system" if rng.random() < 1 / 3 else "file_descriptor"
+    start = rng.choice(STARTS)
+    if rotate:
+        sharing = ("file_descriptor", "file_system")[scenario.seed % 2]
+        start = STARTS[scenario.seed // 2 % len(STARTS)]
+    if scenario.options["collate_mode"] != "process":
+        return scenario, sharing
+    options = dict(scenario.options, collate_start_method=start)
+    return dataclasses.replace(scenario, options=options), sharing
 
 
 def _with_setup(scenario: Scenario, rotate: bool = False) -> Scenario:
@@ -146,10 +184,11 @@ def _run_batch(rank: int, world_size: int, seeds: list[int], quick: bool) -> lis
     """Rank body: run each scenario; an exception is a result, not the end of the batch."""
     out: list[Any] = []
     for seed in seeds:
-        scenario, start_method = draw(seed, quick)
-        multiprocessing.set_start_method(start_method, force=True)
+        drawn = draw(seed, quick)
+        multiprocessing.set_start_method(drawn.worker_start, force=True)
+        torch.multiprocessing.set_sharing_strategy(drawn.sharing)
         try:
-            out.append(("ok", run_scenario(scenario)))
+            out.append(("ok", run_scenario(drawn.scenario)))
         except Exception as exc:  # noqa: BLE001 - reported with its seed
             out.append(("error", f"{type(exc).__name__}: {exc}"[:2000]))
     return out
@@ -196,7 +235,7 @@ def audit(scenario: Scenario, per_rank: list[list[dict[str, Any]]]) -> dict[str,
 def _record(
     totals: Counter, failures: list[dict[str, Any]], seed: int, outcome: Any, quick: bool
 ) -> None:
-    scenario, _ = draw(seed, quick)
+    scenario = draw(seed, quick).scenario
     per_rank = [rank_results for rank_results in outcome]
     errors = [value for status, value in per_rank if status == "error"]
     if errors:
@@ -234,7 +273,7 @@ def run_soak(
     seeds = list(range(seed, seed + scenarios))
     by_world: dict[int, list[int]] = {}
     for s in seeds:
-        by_world.setdefault(draw(s, quick)[0].world_size, []).append(s)
+        by_world.setdefault(draw(s, quick).scenario.world_size, []).append(s)
     totals: Counter = Counter({key: 0 for key in COUNTERS})
     failures: list[dict[str, Any]] = []
     done = 0
@@ -267,8 +306,13 @@ def run_soak(
                     file=sys.stderr,
                     flush=True,
                 )
-    drawn = [draw(s, quick)[0] for s in seeds]
+    draws = [draw(s, quick) for s in seeds]
+    drawn = [d.scenario for d in draws]
     modes = Counter(d.options["collate_mode"] for d in drawn)
+    starts = Counter(
+        d.options["collate_start_method"] for d in drawn if d.options["collate_mode"] == "process"
+    )
+    sharing = Counter(d.sharing for d in draws)
     workers = Counter(d.options["num_workers"] for d in drawn)
     joins = Counter("join" if d.options["join"] else "non-join" for d in drawn)
     setups = Counter(d.setup for d in drawn)
@@ -282,6 +326,8 @@ def run_soak(
         failure_details=failures,
         by_world_size={w: len(g) for w, g in sorted(by_world.items())},
         by_collate_mode=dict(modes),
+        by_collate_start=dict(sorted(starts.items())),
+        by_sharing_strategy=dict(sorted(sharing.items())),
         by_num_workers=dict(sorted(workers.items())),
         by_termination=dict(joins),
         by_setup=dict(sorted(setups.items())),

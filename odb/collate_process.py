@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from odb import torch_shm
 from odb.collate import share_batches
 from odb.collate_side import POLL_S, CollateSpec, Heartbeat, collate_main
 from odb.comm import Rendezvous
@@ -71,7 +73,10 @@ def process_entry(
     # DataLoader workers start the way they would in the trainer (a spawned child
     # otherwise defaults to spawn, whatever the trainer uses).
     multiprocessing.set_start_method(start_method, force=True)
-    threading.Thread(target=_watchdog, args=(parent_pid, stop), daemon=True).start()
+    # Forked or spawned, this process is the trainer's child; started by a forkserver it
+    # is the server's, and its parent never changes while the trainer lives.
+    direct = os.getppid() == parent_pid
+    threading.Thread(target=_watchdog, args=(parent_pid, direct, stop), daemon=True).start()
     if parts is None:  # the handshake (odb/startup.py): the parts arrive after the start
         parts = pickle.loads(jobs.recv_bytes())
     spec, rendezvous = parts
@@ -86,6 +91,12 @@ def process_entry(
     # Stay alive until the trainer has taken everything: new blocks (and other shared
     # storages) travel as shared-memory file descriptors this process must hand over.
     stop.wait()
+    # Free the blocks before the exit skips the teardown: with the file_system sharing
+    # strategy a segment's name goes from /dev/shm only once every process that mapped
+    # it has freed it (else it stays until torch_shm_manager exits with the trainer).
+    share_batches(None)
+    del encoder
+    gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
 
@@ -98,6 +109,10 @@ def leave_trainer() -> None:
       peers see its connections close at once, not when this process ends. The
       descriptor numbers stay taken, so a socket object inherited from the trainer that
       is collected here later closes nothing of this process's own.
+    - Except a connection to torch's shared-memory manager (the ``file_system`` sharing
+      strategy; ODB's heartbeat connects the trainer before the fork): torch reuses it
+      for every later storage of this process, so it becomes this process's own new
+      connection to the same manager (:mod:`odb.torch_shm`), not the trainer's.
     - Signal handlers the trainer installed in Python (a checkpoint-on-SIGTERM handler
       of a Slurm job, say) go back to the defaults: stopping this process must not run
       the trainer's code. Except SIGCHLD's: that is torch's DataLoader handler (it
@@ -110,13 +125,26 @@ def leave_trainer() -> None:
         for fd in _open_descriptors():
             with contextlib.suppress(OSError):  # the listing's own descriptor, now closed
                 if fd > 2 and fd != null and stat.S_ISSOCK(os.fstat(fd).st_mode):
-                    os.dup2(null, fd)
+                    _leave_socket(fd, null)
     finally:
         os.close(null)
     for number in signal.valid_signals() - {signal.SIGCHLD}:
         with contextlib.suppress(OSError, ValueError):
             if callable(signal.getsignal(number)):
                 signal.signal(number, signal.SIG_DFL)
+
+
+def _leave_socket(fd: int, null: int) -> None:
+    """Replace the trainer's socket ``fd``: by this process's own manager connection
+    if it is one to torch's shared-memory manager, else by ``/dev/null``."""
+    address = torch_shm.manager_address(fd)
+    if address is not None:
+        try:
+            torch_shm.reconnect(fd, address)
+            return
+        except OSError:  # the manager is gone: the trainer cannot share through it either
+            pass
+    os.dup2(null, fd)
 
 
 def _open_descriptors() -> list[int]:
@@ -151,7 +179,7 @@ def _skip_teardown() -> None:
     os._exit(0)
 
 
-def _watchdog(parent_pid: int, stop: Any) -> None:
+def _watchdog(parent_pid: int, direct: bool, stop: Any) -> None:
     """End this collate process when its trainer is gone, or stopped it and it is stuck.
 
     Either way its DataLoader workers are killed first: a worker stuck in the user's
@@ -160,12 +188,25 @@ def _watchdog(parent_pid: int, stop: Any) -> None:
     stopped_at = None
     while True:
         time.sleep(_WATCHDOG_S)
-        if os.getppid() != parent_pid:
+        if not _trainer_alive(parent_pid, direct):
             _exit_now()
         if stopped_at is None and stop.is_set():
             stopped_at = time.monotonic()
         if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
             _exit_now()
+
+
+def _trainer_alive(parent_pid: int, direct: bool) -> bool:
+    """Whether the trainer still runs: still this process's parent when ``direct``."""
+    if direct:
+        return os.getppid() == parent_pid
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user took the number: the trainer is gone
+        return False
+    return True
 
 
 def _exit_now() -> None:

@@ -252,7 +252,9 @@ class ODBConfig(LoaderConfig):
             process has the trainer's imports and dataset already, so its first batch
             comes within the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the
             real pipeline, ``docs/benchmarks.md`` 10.4); it lets go of every socket it
-            inherited, runs torch on one thread and leaves the trainer's signal
+            inherited (its connection to torch's shared-memory manager, with the
+            ``file_system`` sharing strategy, becomes its own), runs torch on one
+            thread and leaves the trainer's signal
             handlers behind (but torch's DataLoader SIGCHLD handler), as a fresh
             process would, and a fork the interpreter deadlocks (CPython gh-112275,
             before 3.11.10) is retried (:mod:`odb.forking`). Like a forked DataLoader

@@ -29,6 +29,9 @@ def test_soak_slice_is_clean() -> None:
     assert len(result["by_world_size"]) == 4
     assert set(result["by_collate_mode"]) == {"thread", "process"}
     assert set(result["by_termination"]) == {"join", "non-join"}
+    # ... every start of a collate process, under both of torch's sharing strategies.
+    assert set(result["by_collate_start"]) == {"fork", "spawn", "forkserver"}
+    assert set(result["by_sharing_strategy"]) == {"file_descriptor", "file_system"}
     # ... including every way of deciding who reads which sample, and rank-0-only saves.
     assert set(result["by_setup"]) == set(SETUPS), result["by_setup"]
     assert result["rank0_only_saves"] > 0
