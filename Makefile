@@ -1,6 +1,8 @@
 # Two entry points, both idempotent on a fresh machine (see README "Quickstart"):
 #   make reproduce   set up, then run the main job through snakemake (default profile)
 #   make test        set up, then run the test suite
+# and the paper-path rehearsal (root: it starts a local two-node Slurm cluster):
+#   make rehearse    snakemake --profile slurm on the paper grid's settings, to the report
 # Set-up reinstalls only when pyproject.toml or the pins are newer than the install stamp.
 
 VENV   := .venv
@@ -13,7 +15,7 @@ TORCH  := $(shell grep -E '^torch==' $(PINS))
 # experiments, eval, paper, bench) run from the repository root and are not installed.
 ROOT_PTH := odb-artifact-root.pth
 
-.PHONY: test reproduce setup
+.PHONY: test reproduce rehearse setup
 
 setup: $(STAMP)
 
@@ -51,3 +53,10 @@ reproduce: $(STAMP)
 	@echo "  results/cache/<data>.json               GMT/BMT/Sorted/Packing length caches"
 	@echo "  results/data/                           proxies, leverage mixes, assets, length stats"
 	@echo "Rerun one ablation: snakemake --cores 2 ablation_budget (targets: docs/workflow.md)"
+
+# The paper path through the real Slurm profile on a local two-node cluster, brought up
+# and torn down by experiments/rehearsal/cluster.py; the overlay config/rehearsal.yaml
+# says what differs from config/paper.yaml. Results in results/rehearsal/.
+rehearse: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m experiments.rehearsal.run
+	@echo "Rehearsal done: results/rehearsal/results/paper/REPORT.md, summary in results/rehearsal/summary.json"

@@ -8,7 +8,7 @@ here (no hub). Standard takes one sample per step, as in the paper grid. It answ
 the day a GPU is lent: does the paper recipe run on a GPU, in bf16, at its budgets, and
 what is ODB's speed-up there (one run each: a smoke check, not a table figure).
 
-    python -m bench.gpu_smoke --out results/bench/gpu_smoke.json          # ~6 min on one H200
+    python -m bench.gpu_smoke --out results/bench/gpu_smoke.json   # sized for < 8 min, one H200
     python -m bench.gpu_smoke --out /tmp/s.json --device cpu --samples 8 --model tiny  # wiring
 
 It prints progress to stderr and the JSON to stdout (and ``--out``).

@@ -414,6 +414,9 @@ def build_grid(config: Mapping[str, Any]) -> Grid:
     # them is the main cell, run once)
     layer = {**layer, **_odb_overrides(config["train"].get("method_overrides", {}).get("odb", []))}
     grid = Grid(config, variants=_variants(config), odb_layer=layer)
+    for model in config["train"]["models"].values():  # every staged checkpoint is staged
+        if model.get("hub"):
+            staged_model(config, model["hub"])
     ev = config["evaluate"]
     for block in config["grid"]:
         for spec in _product(block):

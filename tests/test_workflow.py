@@ -178,3 +178,24 @@ def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     gmt = next(d for d in quality if d["method"] == "gmt")
     assert gmt["val_loss"] > 0 and gmt["mmlu"] is None  # the run's own, no benchmark
     assert "Nothing to be done" in _snakemake(*args, *targets, "-n")
+
+
+def test_paper_jobs_read_only_the_staged_cache() -> None:
+    """Every dataset, model and evaluation file of the paper grid comes from stage.cache,
+    and one the stage spec omits is refused when the grid is built, naming the key."""
+    config = _config("paper.yaml")
+    grid = build_grid(config)
+    cache = config["stage"]["cache"]
+    for name in grid.cells:
+        args = grid.train_args(name)
+        assert f"data.processor={cache}/models/" in args and f"model.path={cache}/models/" in args
+        source = grid.data_args(grid.cells[name].data)["source"]
+        assert source.startswith((f"{cache}/datasets/", "results/data/")), (name, source)
+    unstaged = _config("paper.yaml")
+    del unstaged["stage"]["spec"]["datasets"]["liuhaotian/LLaVA-Instruct-150K"]
+    with pytest.raises(ValueError, match="data.datasets.llava: a staged dataset needs `hub`"):
+        build_grid(unstaged)
+    unstaged = _config("paper.yaml")
+    unstaged["stage"]["spec"]["models"].remove("Qwen/Qwen3-VL-8B-Instruct")
+    with pytest.raises(ValueError, match="Qwen3-VL-8B-Instruct is not staged"):
+        build_grid(unstaged)

@@ -531,6 +531,13 @@ def _saved_site_conf(spec: ClusterSpec) -> Path:
 
 def _link_site_conf(state: State) -> None:
     """Point `SITE_CONF` at this cluster's conf, keeping a site's own file aside."""
+    if SITE_CONF.is_symlink() and SITE_CONF.exists() and SITE_CONF.resolve().name == "slurm.conf" \
+            and (SITE_CONF.resolve().parent / "state.json").exists():
+        other = SITE_CONF.resolve().parent
+        raise ClusterError(
+            f"another local cluster is up (state dir {other}; {SITE_CONF} points at it) and "
+            "jobs find their cluster there: stop it first with `python -m "
+            f"experiments.rehearsal.cluster down --state-dir {other}`")
     if SITE_CONF.exists() or SITE_CONF.is_symlink():
         shutil.move(str(SITE_CONF), _saved_site_conf(state.spec))
         _log(f"kept the existing {SITE_CONF} aside; `down` puts it back")

@@ -125,8 +125,9 @@ def prepare(workdir: Path, records: int) -> float:
 
 def job_counts(workdir: Path) -> dict[str, dict[str, int]]:
     """Jobs per rule, by how they ran: through sbatch (a Slurm log) or on this host."""
-    logs = (workdir / ".snakemake" / "slurm_logs").glob("rule_*/*/*.log")
-    slurm = Counter(p.parent.parent.name.removeprefix("rule_") for p in logs)
+    root = workdir / ".snakemake" / "slurm_logs"  # rule_<name>[/<wildcards>]/<jobid>.log
+    slurm = Counter(p.relative_to(root).parts[0].removeprefix("rule_")
+                    for p in root.rglob("*.log"))
     local: Counter = Counter()
     for log in (workdir / ".snakemake" / "log").glob("*.snakemake.log"):
         local.update(re.findall(r"^localrule (\w+):", log.read_text(), re.M))

@@ -1,0 +1,119 @@
+"""The paper path through `snakemake --profile slurm` on a real local Slurm cluster.
+
+Two checks, each with the paper's own config under the rehearsal overlay
+(`config/rehearsal.yaml`), every job through `sbatch`:
+
+- the CI slice of `make rehearse`: stage the hub-layout mirror, train UltraChat with ODB
+  on both nodes (one c10d rendezvous, 4 ranks), evaluate its checkpoint (validation loss
+  and MMLU from the staged files);
+- a training job cancelled by Slurm mid-run (`scancel`) is resubmitted by Snakemake
+  (the profile's `retries`) and resumes from its last checkpoint: every sample once.
+
+Both need root (the cluster edits /etc/hosts and runs slurmd); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.rehearsal import cluster
+from experiments.rehearsal.run import OVERLAY, PAPER, SLURM_ARGS, main, prepare
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.slurm,
+    pytest.mark.skipif(os.geteuid() != 0, reason="starts Slurm daemons: run as root (CI does)"),
+]
+
+
+@pytest.mark.timeout(1200)
+def test_ci_slice_trains_on_two_nodes_and_evaluates_through_sbatch(tmp_path: Path) -> None:
+    work = tmp_path / "rehearsal"
+    assert main(["--slice", "ci", "--workdir", str(work), "--jobs", "2"]) == 0
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["jobs"]["sbatch"] == {"train": 1, "evaluate": 2}, summary
+    assert set(summary["jobs"]["local"]) <= {"stage"}  # the one local rule, by design
+    cell = "ultrachat.odb.2b-full-n2-s0"
+    result = json.loads((work / f"results/train/{cell}/result.json").read_text())
+    assert (result["world_size"], result["nodes"], result["method"]) == (4, 2, "odb")
+    assert result["emitted_samples"] == 24 - 8  # the mirror's records minus the held-out
+    assert result["scale"].startswith("paper-rehearsal")
+    assert result["config"]["data"]["source"].startswith("site_cache/datasets/HuggingFaceH4/")
+    assert result["config"]["model"]["gradient_checkpointing"]
+    for benchmark in ("val_loss", "mmlu"):
+        scored = json.loads((work / f"results/eval/{cell}/{benchmark}.json").read_text())
+        assert scored["metrics"], benchmark
+    staged = json.loads((work / "site_cache" / "STAGED.json").read_text())
+    assert "liuhaotian/LLaVA-Instruct-150K" in {e.get("repo") for e in staged["entries"]}
+
+
+# Enough samples that the run is far from done when its first checkpoint appears: 112
+# training samples at Standard's one per rank and step, 56 steps, a checkpoint every 4.
+RESUMABLE = {"train": {"max_samples": {"ultrachat": 120}, "overrides": [
+    "model.dtype=float32", "run.save_every=4", "run.record_sample_ids=true",
+    "run.keep_checkpoints=20"]}}
+CELL = "ultrachat.standard.2b-full-n1-s0"
+
+
+def _cancel_after_first_checkpoint(work: Path, env: dict[str, str], snake: subprocess.Popen
+                                   ) -> None:
+    """Freeze the job's processes once a checkpoint is complete, then cancel the job."""
+    marker = work / f"results/train/{CELL}/checkpoints/step_000004/COMPLETE"
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert snake.poll() is None, "snakemake ended before the first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint within 10 min"
+        time.sleep(0.05)
+    jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert len(jobs) == 1, jobs
+    # SIGSTOP first, so the run cannot finish between the marker and the cancel
+    subprocess.run(["scancel", "--full", "--signal=STOP", jobs[0]], env=env, check=True)
+    subprocess.run(["scancel", jobs[0]], env=env, check=True)
+
+
+@pytest.mark.timeout(1200)
+def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(tmp_path: Path
+                                                                          ) -> None:
+    work = tmp_path / "rehearsal"
+    prepare(work, records=120)
+    extra = tmp_path / "resumable.yaml"
+    extra.write_text(yaml.safe_dump(RESUMABLE))
+    # under /tmp, not pytest's 0700 tmp_path: munged runs as the munge user and must reach it
+    state_dir = Path(tempfile.mkdtemp(prefix="odb-slurm-", dir="/tmp"))
+    try:
+        state = cluster.up(state_dir, cpus=64, memory_mb=1_100_000)
+        env = {**cluster.client_env(state.spec),
+               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        snake = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--profile", "slurm", "-s",
+             str(ROOT / "Snakefile"), "--directory", str(work), "--configfile", str(PAPER),
+             str(OVERLAY), str(extra), "--jobs", "1", *SLURM_ARGS,
+             f"results/train/{CELL}/result.json"],
+            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _cancel_after_first_checkpoint(work, env, snake)
+        out, _ = snake.communicate(timeout=900)
+        assert snake.returncode == 0, out[-5000:]
+    finally:
+        cluster.down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+    run = work / f"results/train/{CELL}"
+    result = json.loads((run / "result.json").read_text())
+    assert result["segments"] == 2, "the rerun did not resume from the checkpoint"
+    ids = Counter(i for r in (0, 1) for line in (run / f"samples_rank{r}.jsonl").open()
+                  for i in json.loads(line)["ids"])
+    assert sorted(ids) == list(range(112)) and set(ids.values()) == {1}
+    assert result["emitted_samples"] == 112 and result["steps"] == 56
+    assert len(list((work / ".snakemake/slurm_logs/rule_train").glob("*/*.log"))) == 2
