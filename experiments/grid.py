@@ -269,6 +269,7 @@ class Grid:
             }
         return {
             "scale": self.config["scale"],
+            "scale_note": self.config.get("scale_note", ""),
             "hardware": self.config["hardware"],
             "allow_partial": bool(self.config.get("allow_partial", False)),
             "cells": cells,

@@ -144,9 +144,11 @@ def main(argv: list[str] | None = None) -> None:
     cpu = grid["scale"] != "paper"
     out = ["# ODB reproduction report", ""]
     if cpu:
+        what = grid.get("scale_note") or (
+            "Tiny Qwen3-VL (~1M parameters, random init) on proxy datasets with the paper's "
+            "length statistics, W=2 ranks on CPU.")
         out += [
-            f"> **Scale: {grid['scale']}.** Tiny Qwen3-VL (~1M parameters, random init) "
-            "on proxy datasets with the paper's length statistics, W=2 ranks on CPU. "
+            f"> **Scale: {grid['scale']}.** {what} "
             "These numbers are **not** the paper's GPU numbers: compare directions, "
             "never magnitudes. Benchmark scores of this model are pipeline checks.",
             "",

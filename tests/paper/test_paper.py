@@ -140,3 +140,20 @@ def test_paper_scripts_import_no_torch() -> None:
         "paper.staleness; assert 'torch' not in sys.modules, 'paper imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=HERE.parents[1])
+
+
+def test_report_states_the_configs_own_scale_note(made: Path, tmp_path: Path) -> None:
+    """A scale other than the CPU proxies (the paper-path rehearsal) says what it is."""
+    root = tmp_path / "root"
+    shutil.copytree(FIXTURES, root)
+    grid = json.loads((root / "grid.json").read_text())
+    grid.update(scale="paper-rehearsal", scale_note="A rehearsal on a local Slurm cluster.")
+    (root / "grid.json").write_text(json.dumps(grid))
+    out = tmp_path / "paper"
+    out.mkdir()
+    shutil.copytree(made / "tables", out / "tables")
+    _module("report").main(["--grid", str(root / "grid.json"), "--paper-dir", str(out),
+                            "--out", str(out / "REPORT.md"), "--root", str(root)])
+    text = (out / "REPORT.md").read_text()
+    assert "**Scale: paper-rehearsal.** A rehearsal on a local Slurm cluster." in text
+    assert "proxy datasets" not in text.split("\n\n")[1]
