@@ -462,7 +462,7 @@ def _ablations(grid: Grid, ab: Mapping[str, Any]) -> None:
             add("budget", data, "odb", budget=budget)
     for data in ab["depth"]["datasets"]:
         add("depth", data, "standard")
-        add("depth", data, "odb")  # prefetch_factor unset: torch's default (2)
+        add("depth", data, "odb")  # the main cell: the workflow's depth, else torch's (2)
         for d in ab["depth"]["prefetch_factors"]:
             add("depth", data, "odb", options={"prefetch_factor": d})
     lev = ab["leverage"]
