@@ -135,8 +135,11 @@ def test_paper_config_reads_the_mix_images_from_the_mix_folder() -> None:
     import yaml
 
     root = Path(__file__).resolve().parents[2]
-    spec = yaml.safe_load((root / "config" / "paper.yaml").read_text())["data"]["datasets"]
-    mmmix = spec["mmmix"]
+    from experiments.grid import build_grid
+
+    config = yaml.safe_load((root / "config" / "paper.yaml").read_text())
+    mmmix = config["data"]["datasets"]["mmmix"]
     # records hold images/<source>/<id>.<ext>: the image root must be the mix folder
-    assert mmmix.get("image_dir", mmmix["hub"]) == mmmix["hub"]
+    args = build_grid(config).data_args("mmmix")
+    assert args["source"] == mmmix["build"] and "image_dir" not in args
     assert mmmix["image_max_pixels"] == MMMixConfig(root, root, 10).image_max_pixels
