@@ -97,15 +97,19 @@ def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(tmp_path
         state = cluster.up(state_dir, cpus=64, memory_mb=1_100_000)
         env = {**cluster.client_env(state.spec),
                "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        snake = subprocess.Popen(
-            [sys.executable, "-m", "snakemake", "--profile", "slurm", "-s",
-             str(ROOT / "Snakefile"), "--directory", str(work), "--configfile", str(PAPER),
-             str(OVERLAY), str(extra), "--jobs", "1", *SLURM_ARGS,
-             f"results/train/{CELL}/result.json"],
-            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _cancel_after_first_checkpoint(work, env, snake)
-        out, _ = snake.communicate(timeout=900)
-        assert snake.returncode == 0, out[-5000:]
+        # Snakemake's output goes to a file: a pipe nobody reads while the test waits for
+        # the checkpoint fills up and blocks Snakemake, status checks included.
+        log = tmp_path / "snakemake.log"
+        with log.open("w") as sink:
+            snake = subprocess.Popen(
+                [sys.executable, "-m", "snakemake", "--profile", "slurm", "-s",
+                 str(ROOT / "Snakefile"), "--directory", str(work), "--configfile",
+                 str(PAPER), str(OVERLAY), str(extra), "--jobs", "1", *SLURM_ARGS,
+                 f"results/train/{CELL}/result.json"],
+                cwd=work, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            _cancel_after_first_checkpoint(work, env, snake)
+            snake.wait(timeout=900)
+        assert snake.returncode == 0, log.read_text()[-5000:]
     finally:
         cluster.down(state_dir)
         shutil.rmtree(state_dir, ignore_errors=True)
