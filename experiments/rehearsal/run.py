@@ -79,13 +79,14 @@ def slice_targets(slice_name: str, config: dict) -> tuple[list[str], list[str]]:
     return [*runs, *evals, *stats], ["ablation_policy", "results/paper/REPORT.md"]
 
 
-def workflow_config() -> dict:
-    """The config the rehearsal's Snakemake sees: cpu.yaml <- paper.yaml <- the overlay."""
+def workflow_config(*configfiles: Path) -> dict:
+    """The config Snakemake sees with ``--configfile`` ``configfiles``: the Snakefile's
+    ``config/cpu.yaml``, then each file over it, key by key (Snakemake's own merge)."""
     import yaml
     from snakemake.utils import update_config
 
     config: dict = {}
-    for path in (ROOT / "config" / "cpu.yaml", PAPER, OVERLAY):
+    for path in (ROOT / "config" / "cpu.yaml", *configfiles):
         update_config(config, yaml.safe_load(path.read_text()))
     return config
 
@@ -137,7 +138,7 @@ def job_counts(workdir: Path) -> dict[str, dict[str, int]]:
 def inside(args: argparse.Namespace) -> int:
     """The part that runs with the cluster up (SLURM_CONF set by the cluster runner)."""
     phases, codes = {}, {}
-    first, second = slice_targets(args.slice, workflow_config())
+    first, second = slice_targets(args.slice, workflow_config(PAPER, OVERLAY))
     codes["runs"], phases["runs, caches and evaluations"] = snakemake(args.workdir, first,
                                                                       args.jobs)
     if second and not codes["runs"]:

@@ -15,14 +15,6 @@ STAGE_MANIFEST = f"{stage_cache(config)}/STAGED.json" if STAGED else None
 MM_MIX = config["data"]["datasets"]["mmmix"].get("build") if STAGED else None
 
 
-def _processor():
-    return processor(config)
-
-
-def _length_stats_inputs(wildcards):
-    return data_inputs(wildcards.dataset)
-
-
 def _source(dataset):
     return GRID.variants[dataset].source
 

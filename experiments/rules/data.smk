@@ -49,7 +49,7 @@ rule assets:
 
 rule length_stats:
     input:
-        _length_stats_inputs,
+        lambda wc: data_inputs(wc.dataset),
     output:
         json="results/data/length_stats/{dataset}.json",
         hist="results/data/length_stats/{dataset}.png",
@@ -58,7 +58,7 @@ rule length_stats:
     params:
         source=lambda wc: _source(wc.dataset),
         extra=lambda wc: _source_args(wc.dataset),
-        processor=_processor(),
+        processor=processor(config),
         cutoff=config["data"]["cutoff_len"],
         offline=OFFLINE,
     threads: 1

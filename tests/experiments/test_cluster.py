@@ -194,6 +194,12 @@ def _cluster_processes(state_dir: Path) -> list[str]:
     return found
 
 
+def _cluster_run(state_dir: Path, *command: str) -> list[str]:
+    """`cluster run` of `command` on a cluster in `state_dir`."""
+    return [sys.executable, "-m", "experiments.rehearsal.cluster", "run", "--state-dir",
+            str(state_dir), "--", *command]
+
+
 def _assert_gone(state_dir: Path, hosts_before: str) -> None:
     assert _cluster_processes(state_dir) == []
     hosts = Path("/etc/hosts").read_text()
@@ -218,17 +224,7 @@ def test_two_node_torchrun_rendezvous_through_sbatch(tmp_path: Path, state_dir: 
     hosts_before = Path("/etc/hosts").read_text()
 
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.rehearsal.cluster",
-            "run",
-            "--state-dir",
-            str(state_dir),
-            "--",
-            "bash",
-            str(tmp_path / "driver.sh"),
-        ],
+        _cluster_run(state_dir, "bash", str(tmp_path / "driver.sh")),
         env=_env(),
         capture_output=True,
         text=True,
@@ -252,17 +248,7 @@ def test_two_node_torchrun_rendezvous_through_sbatch(tmp_path: Path, state_dir: 
 def test_sigterm_stops_the_command_and_the_cluster(state_dir: Path) -> None:
     hosts_before = Path("/etc/hosts").read_text()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "experiments.rehearsal.cluster",
-            "run",
-            "--state-dir",
-            str(state_dir),
-            "--",
-            "sleep",
-            "600",
-        ],
+        _cluster_run(state_dir, "sleep", "600"),
         env=_env(),
         stderr=subprocess.PIPE,
         text=True,

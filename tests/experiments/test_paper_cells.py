@@ -16,24 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import odb
 from baselines import build_loader, needs_lengths
 from experiments.grid import build_grid
+from experiments.rehearsal.run import workflow_config
 from experiments.train.config import FIXED_BATCH, TrainConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _workflow_config(*names: str) -> dict:
-    """The config Snakemake sees: the Snakefile's, then each ``--configfile`` over it."""
-    from snakemake.utils import update_config
-
-    config: dict = {}
-    for name in ("cpu.yaml", *names):
-        update_config(config, yaml.safe_load((ROOT / "config" / name).read_text()))
-    return config
 
 
 def _cell_configs(config: dict) -> dict[str, TrainConfig]:
@@ -56,7 +46,7 @@ def _samples(cutoff: int, n: int = 256) -> list[dict[str, torch.Tensor]]:
              "labels": torch.ones(int(k), dtype=torch.long)} for k in lengths]
 
 
-PAPER = _cell_configs(_workflow_config("paper.yaml"))
+PAPER = _cell_configs(workflow_config(ROOT / "config" / "paper.yaml"))
 
 
 def _loader_key(cfg: TrainConfig) -> str:
