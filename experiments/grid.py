@@ -54,7 +54,7 @@ class DataVariant:
     source: str
     image_max_pixels: int
     aug: tuple[float, float] = (1.0, 1.0)
-    extra: tuple[tuple[str, str], ...] = ()  # hub subset / split / image_dir
+    extra: tuple[tuple[str, str], ...] = ()  # DataConfig fields beyond these (image_dir)
     tags: tuple[tuple[str, float], ...] = ()  # e.g. leverage cv and short fraction
 
     @property

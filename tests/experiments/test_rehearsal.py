@@ -84,8 +84,9 @@ def _cancel_after_first_checkpoint(work: Path, env: dict[str, str], snake: subpr
     subprocess.run(["scancel", jobs[0]], env=env, check=True)
 
 
-@pytest.mark.skip(reason="passed in-checkout (2:24) but hung in a clean-clone run: Snakemake "
-                  "did not resubmit the cancelled job (issue 30 notes); opt back in once fixed")
+@pytest.mark.skip(reason="known defect, issue 30: passed once in-checkout (2:24), but in two "
+                  "clean-clone runs Snakemake never resubmitted the cancelled job (15 min); "
+                  "a hanging test would fail CI, so it stays out until the cause is found")
 @pytest.mark.timeout(1200)
 def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(tmp_path: Path
                                                                           ) -> None:
@@ -109,8 +110,13 @@ def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(tmp_path
                  str(PAPER), str(OVERLAY), str(extra), "--jobs", "1", *SLURM_ARGS,
                  f"results/train/{CELL}/result.json"],
                 cwd=work, env=env, stdout=sink, stderr=subprocess.STDOUT)
-            _cancel_after_first_checkpoint(work, env, snake)
-            snake.wait(timeout=900)
+            try:
+                _cancel_after_first_checkpoint(work, env, snake)
+                snake.wait(timeout=900)
+            finally:  # never leave Snakemake behind as a child of the test process
+                if snake.poll() is None:
+                    snake.kill()
+                    snake.wait()
         assert snake.returncode == 0, log.read_text()[-5000:]
     finally:
         cluster.down(state_dir)
