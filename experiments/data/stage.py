@@ -231,9 +231,8 @@ def _marker(spec: RepoSpec) -> dict:
             "ignore": list(spec.ignore)}
 
 
-def _is_complete(dest: Path, want: dict) -> dict | None:
-    """The marker record of a completed entry staged with ``want``'s settings, or None."""
-    path = dest / MARKER
+def _is_complete(path: Path, want: dict) -> dict | None:
+    """The marker record at ``path`` of an entry staged with ``want``'s settings, or None."""
     if not path.exists():
         return None
     record = json.loads(path.read_text())
@@ -253,7 +252,7 @@ def stage_repo(spec: RepoSpec, cache: Path, fetch: Callable[[RepoSpec, Path], No
     returns its manifest entry."""
     dest = cache / spec.folder
     want = _marker(spec)
-    done = _is_complete(dest, want)
+    done = _is_complete(dest / MARKER, want)
     if done is not None:
         print(f"[stage] {spec.kind} {spec.repo}: complete ({done['files']} files), skipped",
               flush=True)
@@ -289,9 +288,8 @@ def stage_url(spec: UrlSpec, cache: Path, fetch: Callable[[UrlSpec, Path], Path]
     dest = cache / spec.extract_to
     marker = dest / f".staged-{spec.name}.json"
     want = {"name": spec.name, "url": spec.url, "extract_to": spec.extract_to}
-    if marker.exists() and {k: v for k, v in json.loads(marker.read_text()).items()
-                            if k in want} == want:
-        done = json.loads(marker.read_text())
+    done = _is_complete(marker, want)
+    if done is not None:
         print(f"[stage] url {spec.name}: complete ({done['files']} files), skipped", flush=True)
         return done | {"skipped": True}
     start = time.perf_counter()
