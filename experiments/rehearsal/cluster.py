@@ -313,8 +313,12 @@ class State:
 
     def save(self) -> None:
         spec = {**dataclasses.asdict(self.spec), "state_dir": str(self.spec.state_dir)}
-        data = {"spec": spec, "pids": self.pids, "hosts_added": self.hosts_added,
-                "site_conf_linked": self.site_conf_linked}
+        data = {
+            "spec": spec,
+            "pids": self.pids,
+            "hosts_added": self.hosts_added,
+            "site_conf_linked": self.site_conf_linked,
+        }
         self.path.write_text(json.dumps(data, indent=1) + "\n")
 
     @classmethod
@@ -333,8 +337,12 @@ class State:
                 "partitions": tuple(raw["partitions"]),
             }
         )
-        return cls(spec, {k: int(v) for k, v in data["pids"].items()}, data["hosts_added"],
-                   data.get("site_conf_linked", False))
+        return cls(
+            spec,
+            {k: int(v) for k, v in data["pids"].items()},
+            data["hosts_added"],
+            data.get("site_conf_linked", False),
+        )
 
 
 def _start(state: State, name: str, cmd: list[str], user: str | None = None) -> None:
@@ -529,15 +537,38 @@ def _saved_site_conf(spec: ClusterSpec) -> Path:
     return spec.state_dir / "site-slurm.conf.saved"
 
 
+def _linked_cluster() -> Path | None:
+    """The state dir of the local cluster `SITE_CONF` points at, if one of ours."""
+    if not SITE_CONF.is_symlink():
+        return None
+    target = SITE_CONF.parent / SITE_CONF.readlink()
+    return target.parent if target.name == "slurm.conf" else None
+
+
+def _cluster_alive(state_dir: Path) -> bool:
+    """True when `state_dir` holds a cluster whose every started daemon still runs."""
+    other = State.load(state_dir)
+    return bool(other and other.pids) and all(
+        _pid_alive(pid, name) for name, pid in other.pids.items()
+    )
+
+
 def _link_site_conf(state: State) -> None:
-    """Point `SITE_CONF` at this cluster's conf, keeping a site's own file aside."""
-    if SITE_CONF.is_symlink() and SITE_CONF.exists() and SITE_CONF.resolve().name == "slurm.conf" \
-            and (SITE_CONF.resolve().parent / "state.json").exists():
-        other = SITE_CONF.resolve().parent
-        raise ClusterError(
-            f"another local cluster is up (state dir {other}; {SITE_CONF} points at it) and "
-            "jobs find their cluster there: stop it first with `python -m "
-            f"experiments.rehearsal.cluster down --state-dir {other}`")
+    """Point `SITE_CONF` at this cluster's conf, keeping a site's own file aside.
+
+    A link left by a cluster whose daemons no longer run (a machine restarted under it)
+    is replaced; a link to a running cluster is refused.
+    """
+    other = _linked_cluster()
+    if other is not None and other != state.spec.state_dir:
+        if _cluster_alive(other):
+            raise ClusterError(
+                f"another local cluster is up (state dir {other}; {SITE_CONF} points at it) "
+                "and jobs find their cluster there: stop it first with `python -m "
+                f"experiments.rehearsal.cluster down --state-dir {other}`"
+            )
+        SITE_CONF.unlink()
+        _log(f"removed a stale {SITE_CONF} link to {other} (no cluster runs there)")
     if SITE_CONF.exists() or SITE_CONF.is_symlink():
         shutil.move(str(SITE_CONF), _saved_site_conf(state.spec))
         _log(f"kept the existing {SITE_CONF} aside; `down` puts it back")

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from experiments.rehearsal import cluster
 from experiments.rehearsal.cluster import (
     SITE_CONF,
     ClusterSpec,
+    State,
     hosts_marker,
     hosts_with_nodes,
     hosts_without_nodes,
@@ -73,8 +75,9 @@ def _paper_launcher(port: int) -> str:
     assert ":29500" in template
     launcher = template.format(nodes=2, procs=1, threads=1).replace(":29500", f":{port}")
     # a node left out of the rendezvous fails in a minute, not torchrun's ten
-    return launcher.replace("--rdzv_backend c10d", "--rdzv_backend c10d --rdzv_conf "
-                            "join_timeout=60")
+    return launcher.replace(
+        "--rdzv_backend c10d", "--rdzv_backend c10d --rdzv_conf join_timeout=60"
+    )
 
 
 # The driver's last line exits 7 so the test also sees that `run` returns its command's code.
@@ -156,6 +159,43 @@ def test_nodes_idle_needs_every_node_idle_in_every_partition() -> None:
     assert not nodes_idle("", ("n1",))
 
 
+def _recorded_cluster(state_dir: Path, pids: dict[str, int]) -> State:
+    """A cluster's state in `state_dir` as `up` records it, naming `pids`."""
+    state_dir.mkdir()
+    state = State(_spec(state_dir=state_dir), pids)
+    state.save()
+    return state
+
+
+def test_site_conf_link_replaces_a_dead_clusters_link_and_refuses_a_live_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site_conf = tmp_path / "etc" / "slurm.conf"
+    monkeypatch.setattr(cluster, "SITE_CONF", site_conf)
+    site_conf.parent.mkdir()
+    ours = _recorded_cluster(tmp_path / "ours", {})
+    # a machine restarted under a cluster: its link stays, its daemons are gone
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _recorded_cluster(tmp_path / "dead", {"slurmctld": dead.pid})
+    site_conf.symlink_to(tmp_path / "dead" / "slurm.conf")
+    cluster._link_site_conf(ours)
+    assert site_conf.readlink() == ours.spec.conf_path
+    assert not (tmp_path / "ours" / "site-slurm.conf.saved").exists()  # nothing to restore
+
+    site_conf.unlink()
+    live = subprocess.Popen(["bash", "-c", "exec -a slurmctld sleep 60"])
+    try:
+        _recorded_cluster(tmp_path / "live", {"slurmctld": live.pid})
+        site_conf.symlink_to(tmp_path / "live" / "slurm.conf")
+        with pytest.raises(cluster.ClusterError, match="another local cluster is up"):
+            cluster._link_site_conf(ours)
+        assert site_conf.readlink() == tmp_path / "live" / "slurm.conf"  # left as it was
+    finally:
+        live.kill()
+        live.wait()
+
+
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
     # Under /tmp, not pytest's 0700 tmp_path: munged runs as the munge user and must reach it.
@@ -196,8 +236,16 @@ def _cluster_processes(state_dir: Path) -> list[str]:
 
 def _cluster_run(state_dir: Path, *command: str) -> list[str]:
     """`cluster run` of `command` on a cluster in `state_dir`."""
-    return [sys.executable, "-m", "experiments.rehearsal.cluster", "run", "--state-dir",
-            str(state_dir), "--", *command]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.rehearsal.cluster",
+        "run",
+        "--state-dir",
+        str(state_dir),
+        "--",
+        *command,
+    ]
 
 
 def _assert_gone(state_dir: Path, hosts_before: str) -> None:
