@@ -20,6 +20,8 @@ What it starts, all from a state directory (default `/tmp/odb-slurm`) that holds
 - one line `127.0.0.1 n1 n2` in `/etc/hosts`, tagged with a marker naming the state dir;
 - `/etc/slurm/slurm.conf` as a link to its conf (a file already there is kept aside and
   put back by `down`): jobs' own `srun` calls find the cluster there, as on a real site.
+  A link to another running cluster is refused; one left by a cluster whose daemons are
+  gone (a machine restarted under it) is replaced.
 
 What it guarantees to stop: `down` (and `run`, in a `finally` that also runs on SIGINT
 and SIGTERM) cancels the cluster's jobs, stops exactly the pids in `state.json`
