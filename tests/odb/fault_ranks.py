@@ -13,8 +13,9 @@ Faults (``FaultPlan.kind``), injected on rank ``victim`` only:
 - ``collate``: the collate function raises :class:`InjectedError` on call ``at_step``;
 - ``stall_getitem``: the dataset sleeps ``stall_s`` at view position ``fault_at[0]``;
 - ``stall_trainer``: the training loop sleeps ``stall_s`` at step ``at_step``;
-- ``kill_worker`` / ``kill_collate``: SIGKILL a DataLoader worker / the collate process
-  at step ``at_step``;
+- ``kill_worker``: the DataLoader worker SIGKILLs itself while reading view position
+  ``fault_at[0]``, so the kill lands while the worker still owes that item;
+- ``kill_collate``: SIGKILL the collate process at step ``at_step``;
 - ``kill_trainer`` / ``sigterm``: SIGKILL / SIGTERM (default action) the rank itself;
 - ``sigint``: SIGINT to the rank (KeyboardInterrupt in the loop);
 - ``sigint_group``: SIGINT to the rank's whole process group, as Ctrl-C in a terminal;
@@ -39,12 +40,12 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
+from torch.utils.data import get_worker_info
 
 import odb
 from tests.odb.fault_harness import held_shm
 
 LOOP_KINDS = (
-    "kill_worker",
     "kill_collate",
     "kill_trainer",
     "sigterm",
@@ -117,9 +118,11 @@ class FaultDataset:
         stall_at: frozenset[int] = frozenset(),
         stall_s: float = 0.0,
         stamp_dir: str = "",
+        kill_at: frozenset[int] = frozenset(),
     ) -> None:
         self.lengths = lengths
         self.raise_at = raise_at
+        self.kill_at = kill_at
         self.stall_at = stall_at
         self.stall_s = stall_s
         self.stamp_dir = stamp_dir
@@ -131,6 +134,11 @@ class FaultDataset:
         if index in self.raise_at:
             stamp(self.stamp_dir, "getitem")
             raise InjectedError(f"dataset item {index} exploded (marker 7319)")
+        if index in self.kill_at:
+            if get_worker_info() is None:
+                raise AssertionError(f"item {index} was read outside a DataLoader worker")
+            stamp(self.stamp_dir, "kill_worker")
+            os.kill(os.getpid(), signal.SIGKILL)
         if index in self.stall_at:
             stamp(self.stamp_dir, "stall")
             time.sleep(self.stall_s)
@@ -266,12 +274,6 @@ def collate_process() -> psutil.Process:
     raise AssertionError("no collate process found")
 
 
-def worker_processes(mode: str) -> list[psutil.Process]:
-    """DataLoader workers: children of the collate process, or of the trainer (thread)."""
-    parent = collate_process() if mode == "process" else psutil.Process()
-    return [p for p in parent.children() if not _is_tracker(p)]
-
-
 # --- the rank ------------------------------------------------------------------------
 
 
@@ -285,6 +287,7 @@ def build_loader(rank: int, world_size: int, plan: FaultPlan) -> odb.ODBLoader:
         stall_at=indices if plan.kind == "stall_getitem" else frozenset(),
         stall_s=plan.stall_s,
         stamp_dir=plan.stamp_dir,
+        kill_at=indices if plan.kind == "kill_worker" else frozenset(),
     )
     fail_on = plan.at_step if victim and plan.kind == "collate" else None
     options = dict(
@@ -304,12 +307,7 @@ def build_loader(rank: int, world_size: int, plan: FaultPlan) -> odb.ODBLoader:
 def _inject(plan: FaultPlan) -> str | None:
     """Inject a loop fault; returns "break" or "raise" when the loop must do that."""
     kind = plan.kind
-    if kind == "kill_worker":
-        workers = worker_processes(plan.mode)
-        assert workers, "no DataLoader worker to kill"
-        stamp(plan.stamp_dir, kind)
-        workers[0].kill()
-    elif kind == "kill_collate":
+    if kind == "kill_collate":
         proc = collate_process()
         stamp(plan.stamp_dir, kind)
         proc.kill()
