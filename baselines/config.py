@@ -4,7 +4,7 @@ One dataclass for all five methods keeps the train entry point method-agnostic: 
 passes the same options to any method, and a method refuses the options that mean
 nothing to it (``batch_size`` for a token-budgeted method) instead of ignoring them.
 The fields every loader shares (budget, window, seed, workers, label accounting,
-timeouts) are :class:`odb.LoaderConfig`'s, declared and validated there once.
+timeouts) are :class:`odb.kit.LoaderConfig`'s, declared and validated there once.
 Pure: imports neither torch.distributed nor multiprocessing.
 """
 
@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import odb
+import odb.kit
 
 __all__ = ["BaselineConfig"]
 
 
 @dataclass(frozen=True)
-class BaselineConfig(odb.LoaderConfig):
-    """Settings of one baseline loader: the shared :class:`odb.LoaderConfig` fields and these.
+class BaselineConfig(odb.kit.LoaderConfig):
+    """Settings of one baseline loader: the shared :class:`odb.kit.LoaderConfig` fields and these.
 
     Attributes:
         cost_model: ``"padded"`` (``max_len * n``) or ``"packed"`` (``sum(len)``); None
@@ -51,7 +52,7 @@ class BaselineConfig(odb.LoaderConfig):
             self.budget(self.cost_model)  # TokenBudget checks the cost model
         for name in ("batch_size", "cutoff_len"):
             if getattr(self, name) is not None:
-                odb.check_int(name, getattr(self, name), 1)
+                odb.kit.check_int(name, getattr(self, name), 1)
 
     def budget(self, default_cost_model: odb.CostModel) -> odb.TokenBudget:
         """The step budget, with ``default_cost_model`` when ``cost_model`` is None.

@@ -11,7 +11,7 @@ does the rest once, the same way for all of them:
   exactly like ODB's: sample ids, local/global sample and loss-token counts, the IDLE
   flag and the loss normalizer over the gradient-accumulation window. The global
   counts are summed once per window over a private Gloo group
-  (:class:`odb.AlignmentGroup`, rendezvous through :func:`odb.open_rendezvous`)
+  (:class:`odb.kit.AlignmentGroup`, rendezvous through :func:`odb.kit.open_rendezvous`)
   from the trainer process, never over the trainer's own group, so they cannot
   interleave with gradient all-reduces. The loader looks ahead one window.
   ``StepInfo.round`` is the index of that exchange (the baselines have no alignment
@@ -26,7 +26,7 @@ does the rest once, the same way for all of them:
   whole state (pieces of one save agree; any one of them restores). A restore with the
   same world size and plan replays the plan from step ``k`` (the remaining batches are
   identical); otherwise the samples still owed are re-planned over the current ranks.
-* ``stats()`` measures the realised samples with :class:`odb.StepMetrics`, ODB's own
+* ``stats()`` measures the realised samples with :class:`odb.kit.StepMetrics`, ODB's own
   figures (padding, budget fill, IDLE steps), and so counts *budget violations*:
   multi-sample steps whose realised cost exceeds the budget, which happens when the
   lengths a plan was made from (a cache, a proxy, a fixed batch size) differ from the
@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import odb
+import odb.kit
 from baselines.config import BaselineConfig
 from baselines.length_cache import LengthSource, default_length, default_patches, resolve_lengths
 from baselines.plans import Plan, check_plan
@@ -85,10 +86,10 @@ class StepMeta:
 
     ids: tuple[int, ...]
     idle: bool
-    measure: odb.GroupMeasure  # the realised samples' lengths and patches
+    measure: odb.kit.GroupMeasure  # the realised samples' lengths and patches
     loss_tokens: int
 
-    def record(self, metrics: odb.StepMetrics, budget: odb.TokenBudget) -> None:
+    def record(self, metrics: odb.kit.StepMetrics, budget: odb.TokenBudget) -> None:
         """Count this step in the epoch's metrics."""
         if self.idle:
             metrics.record_idle()
@@ -123,9 +124,9 @@ class _StepCollate:
         samples = [sample for _, _, sample in keyed]
         idle = keyed[0][1]
         batch = self.collate_fn(samples)
-        tokens = odb.finish_batch(batch, self.config, idle=idle)
+        tokens = odb.kit.finish_batch(batch, self.config, idle=idle)
         length = self.length_fn or (lambda s: default_length(s, self.config.length_key))
-        measure = odb.GroupMeasure()
+        measure = odb.kit.GroupMeasure()
         for sample in samples:
             measure = measure.plus(int(length(sample)), int(self.patches_fn(sample)))
         ids = () if idle else tuple(index for index, _, _ in keyed)
@@ -195,7 +196,7 @@ class PlannedLoader:
                 "LengthCache (python -m baselines.length_cache build ...), a list, or a "
                 "length proxy f(index)"
             )
-        odb.check_callables(collate_fn=collate_fn, length_fn=length_fn, patches_fn=patches_fn)
+        odb.kit.check_callables(collate_fn=collate_fn, length_fn=length_fn, patches_fn=patches_fn)
         self._collate = _StepCollate(
             collate_fn if collate_fn is not None else self._default_collate(),
             config,
@@ -203,7 +204,7 @@ class PlannedLoader:
             patches_fn if patches_fn is not None else default_patches,
         )
         self._setup()
-        self._rendezvous, self._store_host = odb.open_rendezvous(
+        self._rendezvous, self._store_host = odb.kit.open_rendezvous(
             config.rendezvous_host, config.init_timeout_s, config.align_timeout_s
         )
         self.rank = 0 if self._rendezvous is None else self._rendezvous.rank
@@ -242,7 +243,7 @@ class PlannedLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose seeded plan the next ``iter()`` runs (call on every rank)."""
-        odb.check_epoch(epoch)
+        odb.kit.check_epoch(epoch)
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # the restored epoch is skipped: start the new one fresh
         self.epoch = epoch
@@ -309,7 +310,7 @@ class PlannedLoader:
         ranks. A state saved after an epoch finished positions the next epoch.
         """
         state = _one_state(state_dict)
-        odb.check_state_keys(state, STATE_KEYS, type(self).__name__)
+        odb.kit.check_state_keys(state, STATE_KEYS, type(self).__name__)
         method = state.pop(METHOD)
         if method != self.method:
             raise ValueError(
@@ -375,11 +376,11 @@ class PlannedLoader:
     def _drive(
         self, loader: DataLoader, plan: Plan, resume: _Resume, plan_s: float
     ) -> Iterator[dict[str, Any]]:
-        group = odb.AlignmentGroup(
+        group = odb.kit.AlignmentGroup(
             self._rendezvous, f"baselines/{self.method}/iter{self._iterations}/"
         )
         windows = odb.AccumulationNormalizer(self.config.grad_accum_steps, len(plan))
-        metrics = odb.StepMetrics()
+        metrics = odb.kit.StepMetrics()
         wait_s = exchange_s = 0.0
         last_step = len(plan[0]) - 1
         pending: list[tuple[Any, StepMeta, int]] = []
@@ -426,7 +427,7 @@ class PlannedLoader:
 
     def _exchange(
         self,
-        group: odb.AlignmentGroup,
+        group: odb.kit.AlignmentGroup,
         windows: odb.AccumulationNormalizer,
         pending: list[tuple[Any, StepMeta, int]],
     ) -> list[tuple[Any, int]]:
@@ -505,7 +506,7 @@ class PlannedLoader:
 
 def _one_state(pieces: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
     """The whole state from a save's pieces (each is whole; they must agree)."""
-    pieces = odb.state_pieces(pieces)
+    pieces = odb.kit.state_pieces(pieces)
     first = {k: v for k, v in pieces[0].items() if k != RANK}
     for piece in pieces[1:]:
         if {k: v for k, v in piece.items() if k != RANK} != first:

@@ -60,7 +60,7 @@ class StandardLoader(_FixedBatch):
     """Shuffled fixed batches: by default the largest that never exceeds the budget.
 
     The batch size is ``config.batch_size``, else ``token_budget // cutoff_len``. Rank
-    ``r`` reads ``odb.sharding.rank_view`` (the seeded shuffle dealt round-robin) in
+    ``r`` reads ``odb.core.sharding.rank_view`` (the seeded shuffle dealt round-robin) in
     batches; a rank whose view needs one batch fewer ends with an IDLE step.
     """
 

@@ -16,13 +16,13 @@ The methods (every shuffle is seeded with ``seed``, which the loader sets to
 ``seed + epoch``):
 
 * :class:`StandardPlan`: the pool dealt round-robin (so rank ``r`` reads
-  ``pool[r::W]``, exactly ``odb.sharding.rank_view`` on a fresh epoch), cut into fixed
+  ``pool[r::W]``, exactly ``odb.core.sharding.rank_view`` on a fresh epoch), cut into fixed
   batches in that order; the last batch of a rank may be short.
 * :class:`SortedPlan`: the pool sorted by length (longest first; ties keep the pool's
   shuffled order), cut into fixed batches; each run of ``W`` adjacent batches is one
   step, so the ranks of a step hold batches of similar length; the steps are shuffled.
 * :class:`GMTPlan`: greedy token-budget groups over the sorted pool
-  (:func:`odb.form_groups`, the same cost seam as ODB), shuffled, dealt
+  (:func:`odb.kit.form_groups`, the same cost seam as ODB), shuffled, dealt
   round-robin.
 * :class:`BMTPlan`: the same groups, sorted by cost; each run of ``W`` adjacent groups
   is one step (similar cost on every rank of a step), dealt in snake order (so no rank
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 import odb
+import odb.kit
 
 __all__ = [
     "BMTPlan",
@@ -179,7 +180,8 @@ class SortedPlan:
 
 def _items(pool: Sequence[int], lengths: Sequence[int], patches: Sequence[int] | None) -> list:
     return [
-        odb.Item(i, int(lengths[i]), int(patches[i]) if patches is not None else 0) for i in pool
+        odb.kit.SizedSample(i, int(lengths[i]), int(patches[i]) if patches is not None else 0)
+        for i in pool
     ]
 
 
@@ -201,7 +203,8 @@ class GMTPlan:
     def groups(self, pool: Sequence[int]) -> list[Step]:
         """The groups, longest first (before shuffling)."""
         return [
-            g.keys for g in odb.form_groups(_items(pool, self.lengths, self.patches), self.budget)
+            g.keys
+            for g in odb.kit.form_groups(_items(pool, self.lengths, self.patches), self.budget)
         ]
 
     def __call__(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
@@ -228,7 +231,7 @@ class BMTPlan:
 
     def __call__(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
         _check_world(world_size)
-        groups = odb.form_groups(_items(pool, self.lengths, self.patches), self.budget)
+        groups = odb.kit.form_groups(_items(pool, self.lengths, self.patches), self.budget)
         groups.sort(key=lambda g: (-self.budget.cost(g.measure), min(g.keys)))
         steps = []
         for j, start in enumerate(range(0, len(groups), world_size)):
@@ -272,7 +275,7 @@ class PackingPlan:
         rows = []
         while remaining:
             length, index = remaining.pop()
-            row, m = [index], odb.GroupMeasure().plus(length)
+            row, m = [index], odb.kit.GroupMeasure().plus(length)
             while remaining:
                 room = self.budget.max_tokens - m.sum_len
                 pos = bisect.bisect_right(remaining, (room, float("inf"))) - 1

@@ -1,8 +1,8 @@
 """Alignment round latency and bytes vs world size, over real Gloo on loopback.
 
 For each world size ``W`` (default 1..8) the parent hosts the store with
-:class:`odb.comm.StoreHost` on 127.0.0.1 and spawns ``W`` processes. Each builds
-:class:`odb.comm.AlignmentGroup` from an :class:`odb.comm.Rendezvous` (what an ODB
+:class:`odb._process.comm.StoreHost` on 127.0.0.1 and spawns ``W`` processes. Each builds
+:class:`odb._process.comm.AlignmentGroup` from an :class:`odb._process.comm.Rendezvous` (what an ODB
 collate process does) and, in the same run, a raw ``ProcessGroupGloo`` under another
 store prefix. Per round (after a warm-up) it times, alternating which goes first:
 
@@ -12,7 +12,7 @@ store prefix. Per round (after a warm-up) it times, alternating which goes first
 
 Bytes per rank per round are read from ``AlignmentGroup.bytes_sent`` after the status
 gathers only (must be 64 B = 8 x int64, whatever the buffer holds); the round's count
-all-reduce (``sum_counts`` of an :class:`odb.lockstep.RoundCounts` row: samples, loss
+all-reduce (``sum_counts`` of an :class:`odb.core.lockstep.RoundCounts` row: samples, loss
 tokens and real tokens per step, plus the epoch's reads: ``3 T + 2`` int64) is measured
 separately, per step, for a round of ``--steps-per-round`` steps.
 
@@ -33,9 +33,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench import _io
-from odb.alignment import STATUS_WIDTH, RankStatus
-from odb.comm import AlignmentGroup, Rendezvous, StoreHost
-from odb.lockstep import RoundCounts, StepCounts
+from odb._process.comm import AlignmentGroup, Rendezvous, StoreHost
+from odb.core.alignment import STATUS_WIDTH, RankStatus
+from odb.core.lockstep import RoundCounts, StepCounts
 
 HOST = "127.0.0.1"
 

@@ -35,9 +35,9 @@ from baselines.length_cache import build as build_cache
 from baselines.plans import BMTPlan, GMTPlan, PackingPlan, Plan, SortedPlan, StandardPlan
 from bench import _io
 from bench.simulate import simulate, summarize
-from odb.budget import GroupMeasure, TokenBudget
-from odb.config import ODBConfig
-from odb.sharding import epoch_order
+from odb.core.budget import GroupMeasure, TokenBudget
+from odb.core.config import ODBConfig
+from odb.core.sharding import epoch_order
 
 METHODS = ("standard", "sorted", "gmt", "bmt", "packing", "odb")
 TEXT_ONLY = ("ultrachat",)

@@ -3,7 +3,7 @@
 For each of the four length distributions (:mod:`bench.distributions`), each budget
 and world size, and both alignment policies, one epoch is simulated with
 :func:`bench.simulate.simulate` (the collate side's own round driver,
-:mod:`odb.lockstep`, on the real :class:`odb.rounds.RankRounds`) and compared with
+:mod:`odb.core.lockstep`, on the real :class:`odb.core.rounds.RankRounds`) and compared with
 
 * **Standard**: a fixed batch of ``budget // cutoff`` samples over the shuffled views
   (the largest batch that never exceeds the budget at the cutoff length);
@@ -40,9 +40,9 @@ from pathlib import Path
 from bench import _io
 from bench.distributions import CUTOFF, NAMES, lengths, summary
 from bench.simulate import group_stats, oracle, round_robin_views, simulate, standard, summarize
-from odb.budget import TokenBudget
-from odb.config import ODBConfig
-from odb.grouping import Item, form_groups
+from odb.core.budget import TokenBudget
+from odb.core.config import ODBConfig
+from odb.core.grouping import SizedSample, form_groups
 
 PAD_TARGET = 0.97
 STEPS_TARGET = 1.03
@@ -60,7 +60,7 @@ def per_rank_oracle(lens, budget: int, world_size: int, seed: int) -> dict:
     for v in round_robin_views(len(lens), world_size, seed):
         mine = [
             [it.length for it in g.items]
-            for g in form_groups([Item(i, int(lens[i])) for i in v], TokenBudget(budget))
+            for g in form_groups([SizedSample(i, int(lens[i])) for i in v], TokenBudget(budget))
         ]
         groups += mine
         steps = max(steps, len(mine))

@@ -1,11 +1,11 @@
 """A pure multi-rank simulator of ODB's round protocol (no processes, no collectives).
 
 ``W`` ranks run in lockstep over per-rank views of a list of sample lengths, driven by
-:class:`odb.lockstep.LockstepWorld`: the round driver :func:`odb.engine.run_epoch` runs
-on every rank (:class:`odb.lockstep.LockstepRank`: read, report, decide), with the
-status all-gather done in memory through the wire row. Each rank emits
-``outcome.payloads`` as real steps, then ``outcome.steps.idle`` IDLE steps.
-
+:class:`odb.core.lockstep.LockstepWorld`: the round driver
+:func:`odb._process.collate_epoch.run_epoch` runs on every rank
+(:class:`odb.core.lockstep.LockstepRank`: read, report, decide), with the status
+all-gather done in memory through the wire row. Each rank emits ``outcome.payloads`` as
+real steps, then ``outcome.steps.idle`` IDLE steps.
 The protocol itself (grouping, planning, splitting, recirculation, the round loop) is
 never reimplemented here: this module only feeds lengths in and records what comes
 out. What is not simulated: the trainer's pace (every round sees ``free_slots`` free
@@ -13,7 +13,7 @@ queue places, default ``queue_depth``: a trainer that keeps up) and the count
 all-reduce (it changes no step).
 
 Views: :func:`round_robin_views` deals a seeded shuffle round-robin with
-:func:`odb.sharding.rank_view` itself (what the loader does); skew benchmarks pass
+:func:`odb.core.sharding.rank_view` itself (what the loader does); skew benchmarks pass
 explicit views.
 """
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from odb.config import ODBConfig
-from odb.grouping import Item, form_groups
-from odb.lockstep import LockstepRank, LockstepWorld, Pull, Reading
-from odb.rounds import RankRounds, RoundOutcome
-from odb.sharding import rank_view
+from odb.core.config import ODBConfig
+from odb.core.grouping import SizedSample, form_groups
+from odb.core.lockstep import LockstepRank, LockstepWorld, Pull, Reading
+from odb.core.rounds import RankRounds, RoundOutcome
+from odb.core.sharding import rank_view
 
 
 @dataclass
@@ -157,7 +157,7 @@ def _finish(traces: Sequence[RankTrace], world: LockstepWorld) -> None:
 def _reader(
     view: Sequence[int], lengths: Sequence[int], sample_bytes: Sequence[int] | None
 ) -> Pull:
-    """A rank's view as a :data:`odb.lockstep.Pull`: payloads ``(index, length)``."""
+    """A rank's view as a :data:`odb.core.lockstep.Pull`: payloads ``(index, length)``."""
     indices = iter(view)
 
     def pull() -> Reading | None:
@@ -247,9 +247,9 @@ def summarize(result: SimResult) -> dict[str, object]:
 def oracle(lengths: Sequence[int], budget: int, world_size: int) -> dict[str, float]:
     """Offline oracle: global sort + greedy token-budget groups over all samples, dealt
     to ``world_size`` ranks (steps = ceil(groups / W))."""
-    from odb.budget import TokenBudget
+    from odb.core.budget import TokenBudget
 
-    items = [Item(i, int(n)) for i, n in enumerate(lengths)]
+    items = [SizedSample(i, int(n)) for i, n in enumerate(lengths)]
     groups = [[it.length for it in g.items] for g in form_groups(items, TokenBudget(budget))]
     s = group_stats(groups, budget)
     steps = -(-len(groups) // world_size)

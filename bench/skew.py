@@ -22,7 +22,7 @@ import numpy as np
 from bench import _io
 from bench.distributions import NAMES, lengths
 from bench.simulate import oracle, simulate, summarize
-from odb.config import ODBConfig
+from odb.core.config import ODBConfig
 
 FILL_TARGET = 0.7
 POLICIES = ("balanced", "paper")

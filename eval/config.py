@@ -1,7 +1,7 @@
 """The frozen, validated configuration of each evaluator (one per ``python -m eval.<name>``).
 
 A bad setting fails when the object is built, with a message that names the value and
-says what to change (the style of ``odb/config.py``). Nothing is read from the
+says what to change (the style of ``odb/core/config.py``). Nothing is read from the
 environment. Each command line maps its flags one to one onto these fields.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from odb.checks import check_int
+from odb.kit import check_int
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")

@@ -1,14 +1,14 @@
 """Online Dynamic Batching: token-budgeted batches formed after preprocessing, DDP-aligned.
 
-Needs only torch. Framework adapters live in :mod:`odb.integrations` and import their
-framework lazily.
+Needs only torch. These names are what a training loop uses: the loader
+(:class:`ODBLoader`, :func:`wrap`) and its config, the token budget, the collate parts,
+the step info every batch carries and the loss normaliser it holds, the resume state and
+the errors a loader raises. Framework adapters live in :mod:`odb.integrations` and
+import their framework lazily. Loaders that are not ODB build on :mod:`odb.kit`.
 
-Besides the loader, odb exports the base other loaders build on (the baselines in
-``baselines/`` do): the shared config fields (:class:`LoaderConfig`), the step-info
-rules (:func:`finish_batch`, :class:`AccumulationNormalizer`), the metrics with one
-definition of each figure (:class:`StepMetrics`), the private count group
-(:func:`open_rendezvous`, :class:`AlignmentGroup`), the resume state
-(:class:`LoaderState`), the grouper (:func:`form_groups`) and the argument checks.
+Layout: ``odb/core`` is the pure logic (budget, grouping, alignment, rounds, ...),
+``odb/_process`` the collate process, its transports and I/O; neither is imported from
+outside ``odb`` (``docs/architecture.md``).
 
 Example:
     >>> import odb
@@ -18,55 +18,34 @@ Example:
     ...     model(**batch, num_items_in_batch=info.loss_normalizer).loss.backward()
 """
 
-from odb.budget import CostModel, GroupMeasure, TokenBudget
-from odb.checks import (
-    check_callables,
-    check_epoch,
-    check_int,
-    check_state_keys,
-    state_pieces,
-)
+from odb._process.comm import AlignmentTimeoutError
 from odb.collate import PadCollate, TensorParts, batch_cat, batch_empty, batch_parts
-from odb.comm import AlignmentGroup, AlignmentTimeoutError, open_rendezvous
-from odb.config import LoaderConfig, ODBConfig
-from odb.engine import PeerFailedError
-from odb.grouping import Item, form_groups
-from odb.loader import ODBLoader, wrap
-from odb.loss import AccumulationNormalizer, count_loss_tokens
-from odb.metrics import StepMetrics
-from odb.resume import LoaderState
-from odb.step_info import STEP_INFO_KEY, StepInfo, finish_batch, pop_step_info
+from odb.core.budget import CostModel, TokenBudget
+from odb.core.config import ODBConfig
+from odb.core.lockstep import PeerFailedError
+from odb.core.loss import AccumulationNormalizer, count_loss_tokens
+from odb.core.resume import LoaderState
+from odb.core.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
+from odb.loader import ODBLoader
+from odb.wrapping import wrap
 
 __all__ = [
     "STEP_INFO_KEY",
-    "AlignmentGroup",
+    "AccumulationNormalizer",
     "AlignmentTimeoutError",
     "CostModel",
-    "GroupMeasure",
-    "Item",
-    "LoaderConfig",
     "LoaderState",
     "ODBConfig",
     "ODBLoader",
     "PadCollate",
     "PeerFailedError",
     "StepInfo",
-    "StepMetrics",
     "TensorParts",
     "TokenBudget",
-    "AccumulationNormalizer",
     "batch_cat",
     "batch_empty",
     "batch_parts",
-    "check_callables",
-    "check_epoch",
-    "check_int",
-    "check_state_keys",
     "count_loss_tokens",
-    "finish_batch",
-    "form_groups",
-    "open_rendezvous",
     "pop_step_info",
-    "state_pieces",
     "wrap",
 ]

@@ -9,7 +9,7 @@ the collate process.
 user's): where the batch will cross to another process (an ODB collate process, or a
 DataLoader worker, as ``torch.utils.data.default_collate`` does), a big field is built
 in shared memory at once (in an ODB collate process, in a reused block of the hand-off
-pool), so it crosses without another copy (``odb.handoff``).
+pool), so it crosses without another copy (``odb._process.handoff``).
 
 :func:`batch_parts` skips even that copy: the field stays a :class:`TensorParts` of the
 samples' own tensors (from a DataLoader worker they are in shared memory already and
@@ -20,42 +20,18 @@ accelerator that is a device-side copy, off the loader's CPU.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch.utils.data import get_worker_info
+
+from odb._process.batch_pool import batches_cross_processes, own_pool
 
 # A field of at least this many bytes is built in shared memory where the batch crosses
 # processes; smaller ones travel as bytes (the worker hand-off's threshold, measured in
-# odb.sources).
+# odb._process.pickling).
 SHARED_MIN_BYTES = 256 * 1024
-
-
-class _Pool(Protocol):
-    def empty(self, nbytes: int) -> torch.Tensor: ...
-
-
-_pool: _Pool | None = None
-_pool_pid = -1
-
-
-def share_batches(pool: _Pool | None) -> None:
-    """Build big batch fields in this process from ``pool`` (an ODB collate process's
-    :class:`odb.handoff.BlockPool`), or stop (None). Processes forked later do not."""
-    global _pool, _pool_pid
-    _pool, _pool_pid = pool, os.getpid()
-
-
-def _own_pool() -> _Pool | None:
-    return _pool if _pool_pid == os.getpid() else None
-
-
-def batches_cross_processes() -> bool:
-    """Whether a batch built here is handed to another process (collate process, worker)."""
-    return _own_pool() is not None or get_worker_info() is not None
 
 
 def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -71,7 +47,7 @@ def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tor
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < SHARED_MIN_BYTES or not batches_cross_processes():
         return torch.empty(shape, dtype=dtype)
-    pool = _own_pool()
+    pool = own_pool()
     if pool is not None:
         return pool.empty(nbytes)[:nbytes].view(dtype).view(shape)
     storage = torch.UntypedStorage._new_shared(nbytes)

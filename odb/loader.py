@@ -2,9 +2,9 @@
 
 The loader is what a training loop iterates. Each ``iter()`` is one epoch: it deals the
 seeded epoch order into per-rank views, sends this rank's view to its collate side
-(process or thread, :mod:`odb.runner`; one collate process serves all the loader's
+(process or thread, :mod:`odb._process.trainer_runner`; one collate process serves all the loader's
 epochs) and yields its aligned batches, each carrying a
-:class:`~odb.step_info.StepInfo`. Every rank yields the same number of batches per
+:class:`~odb.core.step_info.StepInfo`. Every rank yields the same number of batches per
 epoch. Construction is collective when ``torch.distributed`` is initialised: every
 rank must build its loaders in the same order.
 """
@@ -20,20 +20,21 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
-from odb.checks import check_callables, check_epoch
+from odb._process.collate_sources import is_stream
+from odb._process.comm import open_rendezvous
+from odb._process.messages import CollateSpec, EpochJob
+from odb._process.trainer_runner import CollateRunner, IdleRunner
+from odb._process.trainer_startup import check_startable
 from odb.collate import PadCollate, TensorParts
-from odb.comm import open_rendezvous
-from odb.config import ODBConfig
-from odb.detect import declared_shard
-from odb.engine import EpochJob, SampleMeter
-from odb.ledger import Ledger
-from odb.progress import EpochProgress
-from odb.resume import parse_pieces
-from odb.runner import CollateRunner, CollateSpec, IdleRunner
-from odb.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
-from odb.sources import is_stream
-from odb.startup import check_startable
-from odb.step_info import STEP_INFO_KEY
+from odb.core.checks import check_callables, check_epoch
+from odb.core.config import ODBConfig
+from odb.core.detect import declared_shard
+from odb.core.ledger import Ledger
+from odb.core.progress import EpochProgress
+from odb.core.resume import parse_pieces
+from odb.core.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
+from odb.core.step_info import STEP_INFO_KEY
+from odb.core.steps import SampleMeter
 
 
 class ODBLoader:
@@ -363,10 +364,3 @@ def _pinned(batch: Any) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_pinned(v) for v in batch)
     return batch
-
-
-# wrap() builds an ODBLoader, so it is imported after the class (odb.wrap, and
-# `from odb.loader import wrap`, keep working).
-from odb.wrapping import SingletonBatches, wrap  # noqa: E402
-
-__all__ = ["ODBLoader", "SingletonBatches", "wrap"]

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from odb.forking import checked_fork_context
+from odb._process.forking import checked_fork_context
 
 
 def run_forked(fn: Callable[..., Any], *args: Any, timeout_s: float = 120.0) -> Any:

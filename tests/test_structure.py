@@ -1,4 +1,4 @@
-"""Issue 15's shape limits: small odb modules and functions; baselines on odb's public API."""
+"""Issue 15's shape limits: small odb modules and functions; baselines on odb and odb.kit."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import odb
+import odb.kit
 
 ROOT = Path(__file__).parents[1]
 MAX_MODULE_LINES = 400
@@ -36,25 +37,34 @@ def test_no_odb_function_is_over_60_lines() -> None:
     assert not long, f"odb functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
-def test_baselines_use_only_odbs_public_api() -> None:
-    """``import odb`` and names in ``odb.__all__``; never an odb submodule."""
-    public = set(odb.__all__)
+def _odb_names(node: ast.AST) -> list[str]:
+    """The ``odb`` names a node reaches: ``odb.X``, ``odb.kit.X``, imported modules and names."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "odb"]
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "odb":
+        return [f"{node.module}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if node.value.id == "odb" and node.attr != "kit":
+            return [f"odb.{node.attr}"]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+        inner = node.value
+        if isinstance(inner.value, ast.Name) and (inner.value.id, inner.attr) == ("odb", "kit"):
+            return [f"odb.kit.{node.attr}"]
+    return []
+
+
+def test_baselines_use_only_odbs_public_api_and_the_kit() -> None:
+    """``odb.X`` for X in ``odb.__all__``, ``odb.kit.X`` for X in ``odb.kit.__all__``.
+
+    The import contracts (``pyproject.toml``, ``tests/test_import_contracts.py``) check
+    which modules the baselines import; this checks the names they use from them.
+    """
+    public = {"odb", "odb.kit"}
+    public |= {f"odb.{name}" for name in odb.__all__}
+    public |= {f"odb.kit.{name}" for name in odb.kit.__all__}
     found = []
     for path in _modules("baselines"):
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("odb."):
-                found.append(f"{where} from {node.module} import ...")
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names if a.name.startswith("odb.")]
-                found += [f"{where} import {name}" for name in names]
-            elif isinstance(node, ast.ImportFrom) and node.module == "odb":
-                found += [f"{where} odb.{a.name}" for a in node.names if a.name not in public]
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "odb"
-                and node.attr not in public
-            ):
-                found.append(f"{where} odb.{node.attr}")
-    assert not found, f"baselines reach past odb's public API: {found}"
+            found += [f"{where} {name}" for name in _odb_names(node) if name not in public]
+    assert not found, f"baselines reach past odb's public API and odb.kit: {found}"

@@ -197,7 +197,7 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         from baselines.config import BaselineConfig
-        from odb.config import ODBConfig
+        from odb import ODBConfig
 
         _require(self.token_budget >= 1,
                  f"method.token_budget must be >= 1, got {self.token_budget}")

@@ -47,8 +47,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from odb.collate import TensorParts
+from odb.core.step_info import StepInfo, pop_step_info
 from odb.integrations.schedule import ProgressLR
-from odb.step_info import StepInfo, pop_step_info
 
 __all__ = ["LOADER_STATE_DIR", "ODBTrainer", "load_loader_pieces"]
 

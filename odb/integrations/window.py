@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from odb.collate import TensorParts
-from odb.step_info import StepInfo, pop_step_info
+from odb.core.step_info import StepInfo, pop_step_info
 
 __all__ = ["Window", "iter_windows", "to_device"]
 
@@ -31,7 +31,7 @@ class Window:
 
     Attributes:
         batches: The micro-batches (step info removed; ready for ``model(**batch)``).
-        infos: Their :class:`~odb.step_info.StepInfo`, in order.
+        infos: Their :class:`~odb.core.step_info.StepInfo`, in order.
         progress: ``loader.progress()`` before the window was taken (the fraction of the
             epoch's samples already trained on); None for a stream.
 

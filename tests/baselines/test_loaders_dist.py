@@ -104,7 +104,7 @@ def test_every_batch_within_budget(traces, method: str) -> None:
 @pytest.mark.parametrize("augment", [False, True])
 @pytest.mark.parametrize("method", METHODS)
 def test_stats_use_one_definition_of_each_figure(traces, method: str, augment: bool) -> None:
-    # odb.StepMetrics prices padded_tokens by the cost model from the samples' lengths;
+    # odb.kit.StepMetrics prices padded_tokens by the cost model from the samples' lengths;
     # with PadCollate (PackCollate for packing) that is what the collated batch occupies,
     # for ODB and every baseline alike.
     for trace in traces:

@@ -16,8 +16,8 @@ from baselines.plans import (
     check_plan,
     deal,
 )
-from odb.budget import GroupMeasure, TokenBudget
-from odb.sharding import epoch_order, rank_view
+from odb.core.budget import GroupMeasure, TokenBudget
+from odb.core.sharding import epoch_order, rank_view
 from tests.baselines.toy import toy_lengths
 
 BUDGET = 256

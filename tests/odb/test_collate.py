@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import odb.collate as collate
+import odb._process.batch_pool as batch_pool
+from odb._process.handoff import BlockPool
 from odb.collate import (
     SHARED_MIN_BYTES,
     PadCollate,
@@ -21,7 +22,6 @@ from odb.collate import (
     batch_empty,
     batch_parts,
 )
-from odb.handoff import BlockPool
 
 BIG = SHARED_MIN_BYTES // 4  # float32 elements of one shared-size field
 
@@ -31,9 +31,9 @@ def collate_process() -> Iterator[BlockPool]:
     """This process as an ODB collate process: batch fields come from its pool."""
     returns, _ = multiprocessing.Pipe(duplex=False)
     pool = BlockPool(returns)
-    collate.share_batches(pool)
+    batch_pool.share_batches(pool)
     yield pool
-    collate.share_batches(None)
+    batch_pool.share_batches(None)
 
 
 def _in_pool(pool: BlockPool, tensor: torch.Tensor) -> bool:
@@ -43,7 +43,7 @@ def _in_pool(pool: BlockPool, tensor: torch.Tensor) -> bool:
 
 
 def test_in_the_trainer_nothing_is_shared() -> None:
-    assert not collate.batches_cross_processes()
+    assert not batch_pool.batches_cross_processes()
     assert not batch_empty((BIG,)).is_shared()
     assert not batch_cat([torch.ones(BIG), torch.ones(BIG)]).is_shared()
 
@@ -101,7 +101,7 @@ def test_in_a_dataloader_worker_the_batch_is_built_shared() -> None:
 
 
 def _uses_a_pool(batch: list[torch.Tensor]) -> tuple[bool, bool]:
-    return collate._own_pool() is not None, batch_cat(batch).is_shared()
+    return batch_pool.own_pool() is not None, batch_cat(batch).is_shared()
 
 
 def test_a_worker_forked_from_a_collate_process_does_not_use_its_pool(

@@ -1,7 +1,7 @@
 """The window's byte cap counts the batches the trainer still holds, in both modes.
 
 A collate thread sees a batch freed through a weak reference; a collate process sees
-its pool block come back (``odb.handoff.PoolWriter.held_bytes``). A consumer that keeps
+its pool block come back (``odb._process.handoff.PoolWriter.held_bytes``). A consumer that keeps
 every batch therefore leaves the window one sample at a time once it holds the cap,
 while one that lets each batch go gets full steps; every sample arrives once.
 """

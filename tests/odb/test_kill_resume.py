@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from odb.resume import merge_pieces, parse_pieces
+from odb.core.resume import merge_pieces, parse_pieces
 from tests.dist import run_torchrun
 from tests.odb.kill_resume_script import LENGTHS
 

@@ -1,0 +1,285 @@
+"""The private alignment group: rendezvous and the two collectives of a round.
+
+The collate sides of all ranks talk over their own Gloo group, never the trainer's
+(NCCL) group, so alignment traffic cannot interleave with gradient all-reduces.
+Rendezvous: at loader construction rank 0's trainer process hosts a ``TCPStore`` on a
+free port and broadcasts its address once over the trainer's group; each iteration
+(epoch) builds a fresh ``ProcessGroupGloo`` under its own store prefix, so two loaders
+or two epochs never share a group. Only public ``torch.distributed`` API is used.
+
+Timeouts: meeting the peers at the start of an iteration (the store connection and
+Gloo's full-mesh connect) waits at most ``init_timeout_s``; every collective after that
+at most ``align_timeout_s``. A failed collective raises :class:`AlignmentTimeoutError`
+saying which of three things happened: a peer left a failure note (it raised; the
+note names its rank and error), the wait timed out, or a peer's connection closed
+(it stopped iterating or died). A rank that fails calls :meth:`AlignmentGroup.
+report_failure` and then :meth:`AlignmentGroup.close`, so its peers' collectives fail
+at once rather than after ``align_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from odb.core.alignment import STATUS_WIDTH
+from odb.core.sharding import MEET_WIDTH
+
+# Store key under the group's prefix where a failing rank leaves its error for the peers.
+_FAILED_KEY = "odb_failed/"
+# Longest wait for the store while reading those notes.
+_NOTE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the collate sides of one loader meet: picklable, the same on every rank."""
+
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    init_timeout_s: float
+    align_timeout_s: float
+
+
+class StoreHost:
+    """Rank 0's ``TCPStore`` server, alive as long as the loader that owns it."""
+
+    def __init__(self, host: str, timeout_s: float) -> None:
+        self.host = host
+        self.store = dist.TCPStore(
+            host,
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        self.port = self.store.port
+
+
+def trainer_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the trainer's default group, ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def open_rendezvous(
+    host: str | None, init_timeout_s: float, align_timeout_s: float
+) -> tuple[Rendezvous | None, StoreHost | None]:
+    """Create the loader's rendezvous; collective over the trainer's group.
+
+    Every rank must call this the same number of times, in the same order (as every
+    rank constructs the same loaders). World size 1 needs no group and returns None.
+    """
+    rank, world = trainer_world()
+    if world == 1:
+        return None, None
+    store_host = None
+    address: list[object] = [None]
+    if rank == 0:
+        store_host = StoreHost(host or socket.gethostname(), init_timeout_s)
+        address = [(store_host.host, store_host.port)]
+    dist.broadcast_object_list(address, src=0)
+    host_name, port = address[0]  # type: ignore[misc]
+    return Rendezvous(host_name, port, rank, world, init_timeout_s, align_timeout_s), store_host
+
+
+class AlignmentGroup:
+    """One iteration's Gloo group among the collate sides of all ranks.
+
+    Args:
+        rendezvous: Where to meet; None for world size 1 (collectives are local).
+        prefix: Store prefix unique to this loader iteration.
+
+    Raises:
+        RuntimeError: The peers did not all arrive within ``init_timeout_s``.
+    """
+
+    def __init__(self, rendezvous: Rendezvous | None, prefix: str) -> None:
+        self.rendezvous = rendezvous
+        self.bytes_sent = 0
+        self._pg: dist.ProcessGroupGloo | None = None
+        self._store: dist.PrefixStore | None = None
+        self._closed = False
+        if rendezvous is None:
+            return
+        try:
+            store = dist.TCPStore(
+                rendezvous.host,
+                rendezvous.port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=rendezvous.init_timeout_s),
+            )
+            self._store = dist.PrefixStore(prefix, store)
+            # The constructor connects the full mesh, bounded by its timeout: that is the
+            # rendezvous (init_timeout_s; ranks may start an epoch far apart, e.g. after
+            # rank 0 saved a checkpoint). Every collective after it: align_timeout_s.
+            self._pg = dist.ProcessGroupGloo(
+                self._store,
+                rendezvous.rank,
+                rendezvous.world_size,
+                datetime.timedelta(seconds=rendezvous.init_timeout_s),
+            )
+            self._pg.set_timeout(datetime.timedelta(seconds=rendezvous.align_timeout_s))
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"ODB alignment group: rank {rendezvous.rank} could not meet its peers at "
+                f"{rendezvous.host}:{rendezvous.port} within init_timeout_s="
+                f"{rendezvous.init_timeout_s}: {exc}"
+            ) from exc
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.rendezvous is None else self.rendezvous.world_size
+
+    def gather_status(
+        self, row: list[int], while_waiting: Callable[[], bool] | None = None
+    ) -> list[list[int]]:
+        """All-gather one fixed-size status row; returns every rank's row in rank order.
+
+        ``while_waiting`` is called again and again while the peers' rows have not all
+        arrived, until it returns False; it must not use this group. The wait that
+        follows is bounded by ``align_timeout_s`` as always.
+        """
+        if len(row) != STATUS_WIDTH:
+            raise ValueError(f"status row must have {STATUS_WIDTH} fields, got {len(row)}")
+        mine = torch.tensor(row, dtype=torch.int64)
+        if self.rendezvous is None:
+            return [row]
+        out = [torch.zeros(STATUS_WIDTH, dtype=torch.int64) for _ in range(self.world_size)]
+        work = self._open().allgather([out], [mine])
+        if while_waiting is not None:
+            while not work.is_completed() and while_waiting():
+                pass
+        self._run("status all_gather", work)
+        self.bytes_sent += mine.numel() * mine.element_size()
+        return [t.tolist() for t in out]
+
+    def gather_meet(self, row: list[int]) -> list[list[int]]:
+        """All-gather the epoch's fixed-size source row (:func:`odb.core.sharding.meet_row`)."""
+        if len(row) != MEET_WIDTH:
+            raise ValueError(f"meet row must have {MEET_WIDTH} fields, got {len(row)}")
+        if self.rendezvous is None:
+            return [list(row)]
+        mine = torch.tensor(row, dtype=torch.int64)
+        out = [torch.zeros(MEET_WIDTH, dtype=torch.int64) for _ in range(self.world_size)]
+        self._run("source check all_gather", self._open().allgather([out], [mine]))
+        self.bytes_sent += mine.numel() * mine.element_size()
+        return [t.tolist() for t in out]
+
+    def sum_counts(self, counts: list[int]) -> list[int]:
+        """All-reduce (sum) a vector of per-step counts over the ranks."""
+        vec = torch.tensor(counts, dtype=torch.int64)
+        if self.rendezvous is None or not counts:
+            return list(counts)
+        self._run("count all_reduce", self._open().allreduce([vec]))
+        self.bytes_sent += vec.numel() * vec.element_size()
+        return vec.tolist()
+
+    def gather_indices(self, mine: list[int]) -> list[list[int]]:
+        """All-gather variable-length index lists; every rank's list, in rank order.
+
+        Two collectives (the lengths, then the lists padded to the longest). Used once per
+        epoch, at its end, not per round.
+        """
+        if self.rendezvous is None:
+            return [list(mine)]
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        size = torch.tensor([len(mine)], dtype=torch.int64)
+        self._run("carry size all_gather", self._open().allgather([sizes], [size]))
+        longest = max(int(s.item()) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.int64)
+        padded[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        out = [torch.zeros(longest, dtype=torch.int64) for _ in range(self.world_size)]
+        if longest:
+            self._run("carry all_gather", self._open().allgather([out], [padded]))
+        self.bytes_sent += (1 + longest) * size.element_size()
+        return [t[: int(n.item())].tolist() for t, n in zip(out, sizes, strict=True)]
+
+    def _open(self) -> dist.ProcessGroupGloo:
+        if self._pg is None:
+            raise AlignmentTimeoutError("ODB alignment group used after close()")
+        return self._pg
+
+    def report_failure(self, summary: str) -> None:
+        """Leave a note for the peers that this rank failed, and why (best effort).
+
+        Peers whose collectives then fail read it (:meth:`_run`), so their error names
+        the rank that failed first instead of only a closed connection.
+        """
+        if self._store is None or self.rendezvous is None:
+            return
+        try:
+            self._store.set(f"{_FAILED_KEY}{self.rendezvous.rank}", summary[:2000])
+        except Exception:  # noqa: BLE001 - the store host may be gone too
+            pass
+
+    def close(self) -> None:
+        """Leave the group: its connections close at once, so peers stop waiting.
+
+        Idempotent; collectives after this raise :class:`AlignmentTimeoutError`. Must not
+        be called while another thread is inside a collective of this group.
+        """
+        self._closed = True
+        self._pg = None  # the last reference: Gloo closes its pairs when it is freed
+        self._store = None
+
+    def _failed_peers(self) -> list[str]:
+        """Notes of peers that reported a failure (see :meth:`report_failure`)."""
+        if self._store is None or self.rendezvous is None:
+            return []
+        notes = []
+        try:
+            self._store.set_timeout(datetime.timedelta(seconds=_NOTE_TIMEOUT_S))
+            for rank in range(self.rendezvous.world_size):
+                key = f"{_FAILED_KEY}{rank}"
+                if rank != self.rendezvous.rank and self._store.check([key]):
+                    notes.append(f"rank {rank}: {self._store.get(key).decode(errors='replace')}")
+        except Exception:  # noqa: BLE001 - the store host (rank 0's trainer) may be gone
+            pass
+        return notes
+
+    def _run(self, what: str, work: dist.Work) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            # Only Gloo's own failures: an exception a signal handler raises while this
+            # thread waits (the DataLoader's SIGCHLD handler) passes through unchanged.
+            if not isinstance(exc, dist.DistError) and "gloo" not in str(exc).lower():
+                raise
+            raise AlignmentTimeoutError(self._explain(what, exc)) from exc
+
+    def _explain(self, what: str, exc: BaseException) -> str:
+        assert self.rendezvous is not None
+        timeout = self.rendezvous.align_timeout_s
+        head = f"ODB alignment {what} failed on rank {self.rendezvous.rank}: "
+        said = f" Gloo said: {exc}"
+        notes = self._failed_peers()
+        if notes:
+            return (
+                head + "a peer rank failed first (" + "; ".join(notes) + "). "
+                f"This rank stops too (align_timeout_s={timeout} s bounds such waits)." + said
+            )
+        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            return (
+                head + f"no answer from a peer rank within align_timeout_s={timeout} s. A "
+                "peer is stuck or slower than that (its dataset, collate_fn or training "
+                "step); raise align_timeout_s if a rank can legitimately take longer." + said
+            )
+        return (
+            head + "a peer rank's collate side is gone: that rank raised, left the loop "
+            "early (break), was interrupted or died; see its own error. All ranks must "
+            f"iterate every epoch to its end (align_timeout_s={timeout} s bounds how long "
+            "a rank waits for a silent peer)." + said
+        )
+
+
+class AlignmentTimeoutError(RuntimeError):
+    """A peer of the alignment group did not answer in time, or is gone."""

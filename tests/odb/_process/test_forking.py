@@ -1,0 +1,183 @@
+"""A child deadlocked by the interpreter's fork handling is killed and forked again.
+
+The deadlock (CPython gh-112275: a thread-state lock held by another thread at the
+fork) cannot be provoked on demand, so an at-fork hook puts the first forked child to
+sleep on a lock at the same point: after the fork, before the child's first statement.
+Hooks cannot be removed, so each test runs in a spawned process of its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from torch.utils.data import DataLoader
+
+import odb
+import odb._process.forking
+from odb._process.collate_sources import _worker_context
+from odb._process.forking import CheckedForkContext, ForkDeadlockError, checked_fork_context
+from odb.core.config import ODBConfig
+from tests.dist import run_ranks
+from tests.odb.scenarios import LengthDataset
+
+
+def _deadlock_first_child(flag: Path, always: bool = False) -> None:
+    """Install the hook: the child that takes ``flag`` records its pid and sleeps forever."""
+
+    def hook() -> None:
+        taken = flag.with_suffix(f".{os.getpid()}")
+        try:
+            if always:
+                taken.write_text("")
+            else:
+                os.rename(flag, taken)  # atomic: one child takes the flag
+        except OSError:
+            return
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # asleep in the kernel, as the real deadlock is
+
+    flag.write_text("")
+    os.register_at_fork(after_in_child=hook)
+
+
+def _stuck_pids(flag: Path) -> list[int]:
+    return [int(p.suffix[1:]) for p in flag.parent.glob(flag.stem + ".*") if p.suffix[1:].isdigit()]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _capture() -> _Records:
+    records = _Records()
+    logging.getLogger("odb._process.forking").addHandler(records)
+    return records
+
+
+def _report_pid(out: Any) -> None:
+    out.put(os.getpid())
+
+
+def _process_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
+    records = _capture()
+    _deadlock_first_child(Path(flag))
+    ctx = checked_fork_context()
+    out = ctx.Queue()
+    process = ctx.Process(target=_report_pid, args=(out,))
+    process.start()
+    ran = out.get(timeout=30)
+    process.join(30)
+    stuck = _stuck_pids(Path(flag))
+    return dict(
+        ran=ran,
+        pid=process.pid,
+        exitcode=process.exitcode,
+        stuck=stuck,
+        stuck_alive=[p for p in stuck if psutil.pid_exists(p)],
+        messages=records.messages,
+    )
+
+
+def test_a_child_stuck_at_the_fork_is_killed_and_forked_again(tmp_path: Path) -> None:
+    [result] = run_ranks(_process_rank, 1, str(tmp_path / "flag"), timeout=90)
+    assert len(result["stuck"]) == 1
+    assert result["stuck_alive"] == []  # killed and reaped, not left behind
+    assert result["ran"] == result["pid"] != result["stuck"][0]
+    assert result["exitcode"] == 0
+    [message] = result["messages"]
+    assert "gh-112275" in message and f"pid {result['stuck'][0]}" in message
+
+
+def _always_stuck_rank(rank: int, world_size: int, flag: str) -> str:
+    odb._process.forking.ATTEMPTS = 2
+    _deadlock_first_child(Path(flag), always=True)
+    process = checked_fork_context().Process(target=os.getpid)
+    try:
+        process.start()
+    except ForkDeadlockError as exc:
+        return str(exc)
+    return "started"
+
+
+def test_every_fork_stuck_raises_a_clear_error(tmp_path: Path) -> None:
+    [message] = run_ranks(_always_stuck_rank, 1, str(tmp_path / "flag"), timeout=90)
+    assert "2 forks in a row deadlocked" in message
+    assert "3.11.10" in message and "spawn" in message
+
+
+def _dataloader_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
+    records = _capture()
+    _deadlock_first_child(Path(flag))
+    ctx = checked_fork_context()
+    loader = DataLoader(range(40), batch_size=None, num_workers=2, multiprocessing_context=ctx)
+    items = list(loader)
+    return dict(items=items, stuck=len(_stuck_pids(Path(flag))), warned=len(records.messages))
+
+
+def test_dataloader_workers_survive_a_stuck_fork(tmp_path: Path) -> None:
+    [result] = run_ranks(_dataloader_rank, 1, str(tmp_path / "flag"), timeout=90)
+    assert result == dict(items=list(range(40)), stuck=1, warned=1)
+
+
+LENGTHS = [(i * 7) % 30 + 1 for i in range(90)]
+
+
+def _loader_rank(rank: int, world_size: int, flag: str, options: dict[str, Any]) -> dict[str, Any]:
+    records = _capture()
+    _deadlock_first_child(Path(flag))
+    loader = odb.ODBLoader(LengthDataset(LENGTHS), token_budget=64, num_workers=2, **options)
+    seen: collections.Counter[int] = collections.Counter()
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            if not odb.pop_step_info(batch).idle:
+                seen.update(batch["index"].flatten().tolist())
+    return dict(seen=dict(seen), warned=len(records.messages))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # Ranks are spawned, so a thread-mode trainer's own start method is spawn here.
+        {"collate_mode": "thread", "worker_start_method": "fork"},
+        {"collate_mode": "process", "collate_start_method": "fork"},
+    ],
+    ids=["thread-mode-worker", "forked-collate-process"],
+)
+def test_odb_loses_nothing_when_a_fork_is_stuck(tmp_path: Path, options: dict[str, Any]) -> None:
+    """The first fork is a worker (thread mode) or the collate process itself."""
+    results = run_ranks(_loader_rank, 2, str(tmp_path / "flag"), options, timeout=120)
+    seen: collections.Counter[int] = collections.Counter()
+    for result in results:
+        seen.update(result["seen"])
+    assert seen == {i: 2 for i in range(len(LENGTHS))}  # every sample once per epoch
+    assert len(_stuck_pids(tmp_path / "flag")) == 1
+    assert sum(r["warned"] for r in results) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "checked"),
+    [
+        ({"collate_mode": "thread"}, True),  # the trainer's start method: fork here
+        ({"collate_mode": "process"}, True),
+        ({"collate_mode": "thread", "worker_start_method": "fork"}, True),
+        ({"collate_mode": "process", "worker_start_method": "spawn"}, False),
+    ],
+)
+def test_every_worker_fork_is_checked(options: dict[str, Any], checked: bool) -> None:
+    context = _worker_context(ODBConfig(token_budget=8, num_workers=2, **options))
+    assert isinstance(context, CheckedForkContext) is checked
+    assert context.get_start_method() == ("fork" if checked else "spawn")

@@ -1,0 +1,187 @@
+"""Exactly-once mid-epoch resume, torchdata-style: run k steps, save, restore fresh, drain.
+
+The union of ids yielded before the checkpoint and after the restore must be the
+epoch's full id multiset (join) — or, in non-join mode, the epoch's ids minus the carry
+it hands to the next epoch — with no duplicates, also when the world size changes.
+Every rank saves its own piece without a collective; the restore takes all pieces.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch.distributed as dist
+
+import odb
+from odb.core.resume import LoaderState, merge_pieces, parse_pieces
+from tests.dist import run_ranks
+from tests.odb.scenarios import LengthDataset
+
+LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
+OPTIONS = dict(
+    token_budget=256,
+    window_budgets=2,
+    queue_depth=2,
+    collate_mode="thread",
+    seed=5,
+    align_timeout_s=60.0,
+)
+
+
+def _loader(join: bool) -> odb.ODBLoader:
+    return odb.ODBLoader(LengthDataset(LENGTHS), join=join, **OPTIONS)
+
+
+def _first_part(rank: int, world_size: int, k: int, join: bool) -> tuple[list[int], dict, int]:
+    """Yield k steps of epoch 1 (or the whole epoch when k < 0), then save."""
+    loader = _loader(join)
+    loader.set_epoch(1)
+    seen, steps = [], 0
+    if k != 0:
+        for batch in loader:  # a batch counts as consumed once the loop receives it
+            seen += odb.pop_step_info(batch).sample_ids
+            steps += 1
+            if steps == k:
+                break
+    return seen, loader.state_dict(), steps
+
+
+def _second_part(
+    rank: int, world_size: int, pieces: list[dict], join: bool
+) -> tuple[list[int], int]:
+    loader = _loader(join)
+    loader.load_state_dict(pieces)
+    loader.set_epoch(1)
+    seen = [i for b in loader for i in odb.pop_step_info(b).sample_ids]
+    return seen, loader.stats()["carried"]
+
+
+def _check(before: list, after: list, join: bool) -> None:
+    first = [i for ids, _, _ in before for i in ids]
+    second = [i for ids, _ in after for i in ids]
+    carried = sum(c for _, c in after)
+    emitted = first + second
+    assert len(emitted) == len(set(emitted)), "an id was yielded twice"
+    if join:
+        assert sorted(emitted) == list(range(len(LENGTHS)))
+    else:
+        assert len(emitted) + carried == len(LENGTHS), "quota closure broken across the resume"
+
+
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("k", [0, 1, 7])
+def test_resume_single_process(k: int, join: bool) -> None:
+    before = [_first_part(0, 1, k, join)]
+    after = [_second_part(0, 1, before[0][1], join)]  # one dict: a whole state at W=1
+    _check(before, after, join)
+
+
+def test_resume_after_last_step_positions_next_epoch() -> None:
+    seen, state, steps = _first_part(0, 1, -1, True)
+    assert sorted(seen) == list(range(len(LENGTHS)))
+    assert merge_pieces(parse_pieces(state)).epoch_done
+    loader = _loader(True)
+    loader.load_state_dict(state)
+    assert loader.epoch == 2
+    assert sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids) == list(
+        range(len(LENGTHS))
+    )
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("join", [True, False])
+@pytest.mark.parametrize("k", [0, 1, 7])
+def test_resume_two_ranks(k: int, join: bool) -> None:
+    before = run_ranks(_first_part, 2, k, join, timeout=120)
+    pieces = [state for _, state, _ in before]
+    assert [p["rank"] for p in pieces] == [0, 1], "each rank saves its own piece"
+    random.Random(k).shuffle(pieces)  # any order
+    after = run_ranks(_second_part, 2, pieces, join, timeout=120)
+    _check(before, after, join)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("old_world", "new_world"), [(2, 1), (2, 3), (3, 2)])
+def test_elastic_resume(old_world: int, new_world: int) -> None:
+    before = run_ranks(_first_part, old_world, 5, True, timeout=120)
+    after = run_ranks(_second_part, new_world, [s for _, s, _ in before], True, timeout=120)
+    _check(before, after, True)
+
+
+def _rank0_only_save(rank: int, world_size: int) -> tuple[list[int], dict | None, float]:
+    """Rank 0 alone calls state_dict mid-epoch (rank 1 never does); both finish the epoch."""
+    import time
+
+    loader = _loader(True)
+    loader.set_epoch(1)
+    seen, piece, took = [], None, 0.0
+    for step, batch in enumerate(loader, start=1):
+        seen += odb.pop_step_info(batch).sample_ids
+        if step == 3 and rank == 0:
+            started = time.perf_counter()
+            piece = loader.state_dict()
+            took = time.perf_counter() - started
+    dist.barrier()
+    return seen, piece, took
+
+
+@pytest.mark.dist
+def test_rank0_only_state_dict_needs_no_collective() -> None:
+    results = run_ranks(_rank0_only_save, 2, timeout=120)
+    piece, took = results[0][1], results[0][2]
+    assert piece is not None and piece["rank"] == 0 and piece["world_size"] == 2
+    assert took < 1.0, f"state_dict took {took:.2f} s on rank 0 alone"
+    assert sorted(i for ids, _, _ in results for i in ids) == list(range(len(LENGTHS)))
+    # Rank 0's piece alone is not the whole state: the load names the missing rank.
+    with pytest.raises(ValueError, match=r"missing the pieces of ranks \[1\]"):
+        _loader(True).load_state_dict([piece])
+
+
+def test_pieces_are_small_plain_and_checked() -> None:
+    import pickle
+
+    loader = _loader(True)
+    loader.set_epoch(1)
+    for step, _ in enumerate(loader, start=1):
+        if step == 4:
+            break
+    piece = loader.state_dict()
+    assert len(pickle.dumps(piece)) < 400  # 97 samples: a 13-byte bitmap and a header
+    assert all(not hasattr(v, "shape") for v in piece.values())
+    with pytest.raises(ValueError, match=r"more than one piece of ranks \[0\]"):
+        _loader(True).load_state_dict([piece, piece])
+    with pytest.raises(ValueError, match="unknown keys"):
+        _loader(True).load_state_dict([{**piece, "bogus": 1}])
+    with pytest.raises(TypeError, match="list of dicts"):
+        _loader(True).load_state_dict([])
+    other = {**piece, "rank": 1, "world_size": 2, "epoch": 2}
+    with pytest.raises(ValueError, match="different points"):
+        _loader(True).load_state_dict([{**piece, "world_size": 2}, other])
+
+
+def test_state_before_iterating_a_restored_epoch_is_the_restored_one() -> None:
+    before = [_first_part(0, 1, 3, True)]
+    restored = _loader(True)
+    restored.load_state_dict(before[0][1])
+    again = restored.state_dict()  # saved again before the restored epoch ran
+    after = [_second_part(0, 1, again, True)]
+    _check(before, after, True)
+
+
+def test_version_one_state_still_loads() -> None:
+    whole = LoaderState(1, len(LENGTHS), 5, True, consumed=(0, 1, 2)).to_dict()
+    _check([([0, 1, 2], whole, 0)], [_second_part(0, 1, whole, True)], True)
+
+
+def test_state_is_compact_and_strict() -> None:
+    state = LoaderState(0, 1_000_000, 0, True, consumed=tuple(range(0, 1_000_000, 3))).to_dict()
+    assert len(state["consumed_bitmap"]) == 125_000
+    assert LoaderState.from_dict(state).consumed == tuple(range(0, 1_000_000, 3))
+    with pytest.raises(ValueError, match="unknown keys"):
+        LoaderState.from_dict({**state, "bogus": 1})
+    with pytest.raises(ValueError, match="missing keys"):
+        LoaderState.from_dict({k: v for k, v in state.items() if k != "epoch"})
+    loader = _loader(True)
+    with pytest.raises(ValueError, match="samples"):
+        loader.load_state_dict(LoaderState(0, 5, 5, True).to_dict())
