@@ -181,15 +181,16 @@ def _new_children(before: set[int]) -> list[int]:
 def test_dataloader_worker_killed(mode: str, tmp_path: Path) -> None:
     # The worker dies inside the read of an item it owes (not at a loop step: read-ahead
     # could let it finish its whole view first, and then no error is the right outcome).
+    # Read-ahead also decides whether the trainer took a step before the error, so the
+    # test does not ask.
     run, plan = _run(FaultPlan("kill_worker", mode=mode, fault_at=(12,)), 2, tmp_path)
-    reports = _check(
+    _check(
         run,
         plan,
         ("RuntimeError",),
         ("DataLoader worker",),  # "exited unexpectedly" or "is killed by signal"
         peer_fragments=("align_timeout_s", "rank 1: RuntimeError", "DataLoader worker"),
     )
-    assert _victim_report(reports, plan)["steps"][0] > 0, "the fault was not mid-epoch"
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
