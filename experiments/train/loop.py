@@ -117,6 +117,8 @@ class TrainLoop:
                 if not self._step_limit():
                     self.c.epoch += 1
                     self.schedule.update(self.c.epoch / self.epochs)  # 1.0 after the last
+            if self.c.epoch >= self.epochs:  # also when resumed after the last epoch's end
+                self.schedule.update(1.0)
         finally:
             self._flush_losses()
             self.c.train_wall_s += time.perf_counter() - started

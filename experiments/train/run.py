@@ -405,6 +405,9 @@ def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loa
     schedule.load_state_dict(state["schedule"])
     loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged
     counters = Counters(**state["counters"]).with_local(ckpt.load_rank_state(folder, d.rank))
+    # A checkpoint on an epoch's short last window holds a loader whose epoch is done
+    # (taking the window met the epoch's end): the loader then stands at the next epoch.
+    counters.epoch = loader.epoch
     if cfg.run.record_sample_ids:
         _trim_sample_log(out_dir / f"samples_rank{d.rank}.jsonl", counters.loader_steps)
     log.info("resumed from %s (optimizer step %d, epoch %d)", folder,

@@ -98,3 +98,35 @@ def test_resume_refuses_another_grouping(base_config: Path, tmp_path: Path) -> N
     assert "starts fresh instead" in note
     same = load_config([base_config], [f"run.out_dir={tmp_path}"])
     assert resolve_resume("auto", tmp_path, same) == (folder, "")
+
+
+def _last_window_of_first_epoch(out: Path) -> Path:
+    """The checkpoint saved on epoch 0's last window (the next one is in epoch 1)."""
+    folders = sorted((out / "checkpoints").glob("step_*"), key=lambda p: p.name)
+    epochs = [json.loads((f / "trainer_state.json").read_text())["counters"]["epoch"]
+              for f in folders]
+    assert 1 in epochs, f"no checkpoint in epoch 1: {epochs}"
+    return folders[epochs.index(1) - 1]
+
+
+@pytest.mark.parametrize("method", ["standard", "odb"])
+def test_resume_from_an_epochs_last_window_starts_the_next_epoch(
+        method: str, base_config: Path, tmp_path: Path) -> None:
+    """A checkpoint on an epoch's short last window holds a loader whose epoch is done
+    (taking the window met the epoch's end): the resumed run trains the next epoch, not
+    the finished one again. Three micro-steps a window: Standard's 16 steps end on one."""
+    every_step = (*RESUMABLE, "train.epochs=2", "train.grad_accum_steps=3", "run.save_every=1",
+                  "run.keep_checkpoints=100")
+    whole = train(base_config, tmp_path / "whole", f"method/{method}.yaml",
+                  overrides=every_step)
+    folder = _last_window_of_first_epoch(tmp_path / "whole")
+    saved = json.loads((folder / "trainer_state.json").read_text())["counters"]
+    assert saved["loader_steps"] % 3 != 0, "the epoch's last window is not short"
+    result = train(base_config, tmp_path / "whole", f"method/{method}.yaml",
+                   overrides=("--resume", str(folder), *every_step))
+    assert result["segments"] == 2
+    assert _emitted(tmp_path / "whole") == sorted(list(range(64)) * 2)
+    assert result["emitted_samples"] == whole["emitted_samples"] == 128
+    assert result["optimizer_steps"] == whole["optimizer_steps"]
+    final = json.loads((tmp_path / "whole" / "final" / "trainer_state.json").read_text())
+    assert final["schedule"]["fraction"] == 1.0
