@@ -3,6 +3,7 @@
 ``python -m experiments.train --config LAYER.yaml [--config ...] [key=value ...]`` under
 ``torchrun``; see `experiments.train.run` for the commands at each scale and
 ``experiments/configs/`` for the layers. Modules: `config` (the validated config),
-`model` (build, freeze, LoRA), `engine` (DDP / DeepSpeed), `schedule` (progress-driven
-learning rate), `loop` (windows of micro-steps), `checkpoint`, `result` (the result JSON).
+`model` (build, freeze, LoRA), `strategy` (DDP / DeepSpeed over ``odb.integrations``
+windows), `schedule` (the progress-driven learning rate), `loop` (windows of
+micro-steps), `checkpoint`, `result` (the result JSON).
 """

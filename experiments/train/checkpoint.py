@@ -77,13 +77,14 @@ def load_rank_state(folder: Path, rank: int) -> dict[str, Any]:
     return saved["local"]
 
 
-def save_checkpoint(folder: Path, *, rank: int, engine: Any, loader: Any,
+def save_checkpoint(folder: Path, *, rank: int, strategy: Any, loader: Any,
                     trainer_state: dict[str, Any], local: dict[str, Any],
                     processor_files: list[Any]) -> None:
     """Write one checkpoint; collective over the trainer's ranks.
 
-    ``trainer_state`` is rank 0's (global counters, schedule, config); ``local`` holds
-    each rank's own counters.
+    ``strategy`` (``experiments.train.strategy``) writes the model's and optimizer's
+    state; ``trainer_state`` is rank 0's (global counters, schedule, config); ``local``
+    holds each rank's own counters.
     """
     if rank == 0 and folder.exists():
         shutil.rmtree(folder)  # a half-written folder from a killed run
@@ -92,9 +93,9 @@ def save_checkpoint(folder: Path, *, rank: int, engine: Any, loader: Any,
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "loader" / f"rank{rank}.pt").write_bytes(pickle.dumps(loader.state_dict()))
     torch.save({"rng": _rng_state(), "local": local}, folder / "ranks" / f"rank{rank}.pt")
-    engine.save(folder, rank)
+    strategy.save(folder, rank)
     if rank == 0:
-        write_model(folder, engine.model, processor_files)
+        write_model(folder, strategy.model, processor_files)
         (folder / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
     _barrier()
     if rank == 0:

@@ -1,12 +1,12 @@
-"""The training loop: windows of micro-steps from any method's loader, exact loss, counters.
+"""The training loop: accumulation windows from any method's loader, exact loss, counters.
 
-Separate from set-up (``experiments.train.run``) so the loop reads as what it does:
-take one gradient-accumulation window of batches, set the learning rate from the
-training progress reached before it, run each micro-step through the engine, step the
-optimizer, count, log, checkpoint. Counters that cover all ranks come from the step
-info (the loaders exchange them already); the only trainer-group collectives added here
-are one all-reduce of the window losses every ``log_every`` steps and the checkpoint
-barriers.
+Separate from set-up (``experiments.train.run``) so the loop reads as what it does: take
+one gradient-accumulation window from the strategy (``odb.integrations`` windows), set
+the learning rate from the training progress reached before it, run each micro-step,
+step the optimizer, count, log, checkpoint. Counters that cover all ranks come from the
+step info (the loaders exchange them already); the only trainer-group collectives added
+here are one all-reduce of the window losses every ``log_every`` steps and the
+checkpoint barriers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 import odb
 from experiments.data.pixels import decode_batch
+from experiments.train.config import OptimConfig
+from experiments.train.schedule import build_scheduler
 
 __all__ = ["Counters", "TrainLoop"]
 
@@ -66,43 +68,42 @@ class Counters:
 LOCAL_COUNTERS = ("real_tokens", "padded_tokens", "idle_steps", "data_wait_s")
 
 
-@dataclass
-class _Window:
-    batches: list[dict[str, Any]]
-    infos: list[odb.StepInfo]
-
-
 class TrainLoop:
-    """Runs epochs of one loader through one engine.
+    """Runs epochs of one loader through one strategy.
 
     Args:
-        engine: `experiments.train.engine.Engine`.
+        strategy: `experiments.train.strategy.Strategy`.
         loader: Any loader built by ``baselines.build_loader``.
         dataset: The training dataset (``set_epoch`` reaches its augmentation).
-        schedule: `experiments.train.schedule.ProgressSchedule`.
+        optim: The schedule's settings (``OptimConfig``); the loop steps its scheduler.
         counters: Where to count (restored on resume).
-        epochs / grad_accum / max_steps / log_every / save_every: see ``OptimConfig`` and
-            ``RunConfig``.
-        device: Where batches go.
-        save: ``save(counters)``: writes a checkpoint (collective).
+        fraction: Training progress already reached (restored on resume); the loop
+            refuses progress that goes back (an epoch trained twice).
+        epochs / max_steps / log_every / save_every: see ``OptimConfig`` and ``RunConfig``.
+        save: ``save(counters, schedule_state)``: writes a checkpoint (collective).
         sample_log: Optional open file for per-step sample ids (one JSON line per step).
+        progress_bar: Optional tqdm bar, advanced once per optimizer step.
     """
 
-    def __init__(self, *, engine: Any, loader: Any, dataset: Any, schedule: Any,
-                 counters: Counters, epochs: int, grad_accum: int, max_steps: int,
-                 log_every: int, save_every: int, device: torch.device,
-                 save: Callable[[Counters], None], sample_log: Any = None,
+    def __init__(self, *, strategy: Any, loader: Any, dataset: Any, optim: OptimConfig,
+                 counters: Counters, fraction: float, epochs: int, max_steps: int,
+                 log_every: int, save_every: int,
+                 save: Callable[[Counters, dict[str, float]], None], sample_log: Any = None,
                  progress_bar: Any = None) -> None:
-        self.engine, self.loader, self.dataset = engine, loader, dataset
+        self.strategy, self.loader, self.dataset = strategy, loader, dataset
         # uint8 pixels (DataConfig.pixels) become the processor's floats on the device.
         self.pixel_codec = getattr(dataset, "pixel_codec", None)
-        self.schedule, self.c = schedule, counters
-        self.epochs, self.grad_accum, self.max_steps = epochs, grad_accum, max_steps
+        self.c, self.fraction = counters, fraction
+        self.scheduler = build_scheduler(strategy.optimizer, optim, lambda: self.fraction)
+        self.epochs, self.max_steps = epochs, max_steps
         self.log_every, self.save_every = log_every, save_every
-        self.device, self.save, self.sample_log = device, save, sample_log
-        self.bar = progress_bar
+        self.save, self.sample_log, self.bar = save, sample_log, progress_bar
         self._pending: list[tuple[int, torch.Tensor, int, float]] = []
         self._started = time.perf_counter()
+
+    def schedule_state(self) -> dict[str, float]:
+        """The schedule's position, for the checkpoint (the rate follows from it)."""
+        return {"fraction": self.fraction}
 
     # ------------------------------------------------------------ epochs
 
@@ -116,9 +117,8 @@ class TrainLoop:
                 self._epoch(self.c.epoch)
                 if not self._step_limit():
                     self.c.epoch += 1
-                    self.schedule.update(self.c.epoch / self.epochs)  # 1.0 after the last
             if self.c.epoch >= self.epochs:  # also when resumed after the last epoch's end
-                self.schedule.update(1.0)
+                self._advance(1.0)
         finally:
             self._flush_losses()
             self.c.train_wall_s += time.perf_counter() - started
@@ -131,54 +131,38 @@ class TrainLoop:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
         self.loader.set_epoch(epoch)
-        batches = iter(self.loader)
+        windows = self.strategy.windows(self.loader)
         try:
-            while not self._step_limit():
-                fraction = (epoch + self.loader.progress()) / self.epochs
-                window = self._take_window(batches)
-                if window is None:
+            for window in windows:
+                self._advance((epoch + window.progress) / self.epochs)
+                self._train_window(window)
+                if self._step_limit():
                     break
-                lr = self.schedule.update(fraction)
-                self._train_window(window, lr)
         finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()  # stop the loader's workers if the step limit cut the epoch short
+            windows.close()  # stop the loader's workers if the step limit cut the epoch short
 
-    def _take_window(self, batches: Iterator[dict[str, Any]]) -> _Window | None:
-        """The next ``grad_accum`` batches (fewer at the epoch's end), None when done.
-
-        Every batch of a window carries the same normalizer; the loaders end a window
-        early only at the epoch's end, so a short window is the last one.
-        """
-        window = _Window([], [])
-        while len(window.batches) < self.grad_accum:
-            waited = time.perf_counter()
-            batch = next(batches, None)
-            self.c.data_wait_s += time.perf_counter() - waited
-            if batch is None:
-                break
-            window.infos.append(odb.pop_step_info(batch))
-            window.batches.append(batch)
-        if len({info.loss_normalizer for info in window.infos}) > 1:
-            raise RuntimeError("a window's steps carry different loss normalizers: the "
-                               "loader's accumulation windows and the trainer's disagree")
-        return window if window.batches else None
+    def _advance(self, fraction: float) -> None:
+        """Move the schedule to ``fraction`` of training: the next window's rate."""
+        if fraction < self.fraction - 1e-12:
+            raise RuntimeError(f"training progress went backwards: {self.fraction} -> "
+                               f"{fraction}; the loader restarted an epoch it had finished")
+        self.fraction = fraction
+        self.scheduler.step()
 
     # ------------------------------------------------------------ one window
 
-    def _train_window(self, window: _Window, lr: float) -> None:
-        loss_sum = torch.zeros((), device=self.device)
-        last = len(window.batches) - 1
-        for i, (batch, info) in enumerate(zip(window.batches, window.infos, strict=True)):
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+    def _train_window(self, window: Any) -> None:
+        self.c.data_wait_s += window.wait_s
+        lr = self.scheduler.get_last_lr()[0]
+        losses = []
+        for batch, info in window:
             batch = decode_batch(batch, self.pixel_codec)
-            loss_sum += self.engine.micro_step(batch, info.loss_normalizer, boundary=i == last)
+            losses.append(self.strategy.micro_step(window, batch, info.loss_normalizer))
             self._count(batch, info)
-        self.engine.optimizer_step()
+        loss_sum = torch.stack(losses).sum()
+        self.strategy.optimizer_step()
         self.c.optimizer_steps += 1
-        self._pending.append((self.c.optimizer_steps, loss_sum,
-                              max(window.infos[0].accumulation_loss_tokens, 1), lr))
+        self._pending.append((self.c.optimizer_steps, loss_sum, max(window.loss_tokens, 1), lr))
         if self.bar is not None:
             self.bar.update(1)
         if self.c.optimizer_steps % self.log_every == 0:
@@ -188,7 +172,7 @@ class TrainLoop:
             self._flush_losses()  # the checkpoint's loss curve is complete up to here
             elapsed = time.perf_counter() - self._started
             self.save(replace(self.c, train_wall_s=self.c.train_wall_s + elapsed,
-                              loss_curve=list(self.c.loss_curve)))
+                              loss_curve=list(self.c.loss_curve)), self.schedule_state())
 
     def _count(self, batch: dict[str, Any], info: odb.StepInfo) -> None:
         self.c.loader_steps += 1

@@ -49,11 +49,10 @@ from baselines.length_cache import build as build_length_cache
 from experiments.data.pipeline import PreprocessedDataset, collate
 from experiments.train import checkpoint as ckpt
 from experiments.train.config import ConfigError, TrainConfig, load_config
-from experiments.train.engine import make_engine
 from experiments.train.loop import Counters, TrainLoop
 from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
 from experiments.train.result import build_result, peak_memory, validate_result
-from experiments.train.schedule import ProgressSchedule
+from experiments.train.strategy import Strategy, make_strategy
 
 log = logging.getLogger("experiments.train")
 
@@ -322,60 +321,33 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     dist.barrier()  # rank 0 has cleared stale checkpoints of a fresh run
     clock.mark("barrier")
     train_set, val_set = build_datasets(cfg)
-    processor_files = [train_set.tokenizer, train_set.image_processor]
     clock.mark("datasets")
     loader, cache_info = build_method_loader(cfg, train_set, d.rank, out_dir)
     clock.mark("loader")
     model = build_trainable_model(cfg, train_set.tokenizer, d.device, resume_from)
     params = parameter_counts(model)
     clock.mark("model")
-    engine = make_engine(model, cfg.engine, cfg.train, cfg.model.dtype == "bfloat16")
-    schedule = ProgressSchedule(engine.optimizer, cfg.train.lr, cfg.train.schedule,
-                                cfg.train.warmup_ratio, cfg.train.min_lr_ratio)
+    strategy = make_strategy(model, cfg.engine, cfg.train, cfg.model.dtype == "bfloat16",
+                             d.device)
     clock.mark("engine")
-    counters = Counters()
+    counters, fraction = Counters(), 0.0
     if resume_from is not None:
-        counters = _restore(resume_from, d, engine, schedule, loader, cfg, out_dir)
+        counters, fraction = _restore(resume_from, d, strategy, loader, cfg, out_dir)
         clock.mark("resume")
     log.info(clock.summary())
     log.info("%s | %s | %s %s | %s | W=%d | %d of %d parameters trainable", cfg.run.name,
              cfg.method.name, cfg.model.name, cfg.mode, cfg.engine.name, d.world_size,
              params["trainable"], params["total"])
-
-    def save(c: Counters) -> None:
-        folder = out_dir / "checkpoints" / f"step_{c.optimizer_steps:06d}"
-        ckpt.save_checkpoint(folder, rank=d.rank, engine=engine, loader=loader,
-                             trainer_state=_state(cfg, c, schedule), local=c.local(),
-                             processor_files=processor_files)
-        if d.rank == 0:
-            ckpt.prune(out_dir, cfg.run.keep_checkpoints)
-
-    sample_log = None
-    if cfg.run.record_sample_ids:
-        # a resumed run appends to the log its checkpoint trimmed; a fresh one starts it
-        sample_log = (out_dir / f"samples_rank{d.rank}.jsonl").open("a" if resume_from else "w")
-    bar = _progress_bar(d.rank, loader)
-    try:
-        counters = TrainLoop(
-            engine=engine, loader=loader, dataset=train_set, schedule=schedule,
-            counters=counters, epochs=cfg.train.epochs, grad_accum=cfg.train.grad_accum_steps,
-            max_steps=cfg.train.max_steps, log_every=cfg.run.log_every,
-            save_every=cfg.run.save_every, device=d.device, save=save,
-            sample_log=sample_log, progress_bar=bar).run()
-    finally:
-        if sample_log is not None:
-            sample_log.close()
-        if bar is not None:
-            bar.close()
-    # Per-rank counters summed once at the end: tokens, and IDLE steps as rank-steps.
-    totals = torch.tensor([counters.real_tokens, counters.padded_tokens, counters.idle_steps],
-                          dtype=torch.int64, device=d.device)
-    dist.all_reduce(totals)
-    counters.real_tokens, counters.padded_tokens, counters.idle_steps = (
-        int(v) for v in totals.tolist())
-    _save_final(out_dir / "final", d.rank, engine.model, _state(cfg, counters, schedule),
-                processor_files)
-    validation = _validate(cfg, engine.model, val_set, d.device)
+    checkpoint = Checkpointer(cfg, d.rank, out_dir, strategy, loader, train_set)
+    counters, schedule = _run_loop(cfg, d, out_dir, resume_from is not None, TrainLoop(
+        strategy=strategy, loader=loader, dataset=train_set, optim=cfg.train,
+        counters=counters, fraction=fraction, epochs=cfg.train.epochs,
+        max_steps=cfg.train.max_steps, log_every=cfg.run.log_every,
+        save_every=cfg.run.save_every, save=checkpoint.save))
+    _sum_rank_counters(counters, d.device)
+    _save_final(out_dir / "final", d.rank, model, _state(cfg, counters, schedule),
+                checkpoint.processor_files)
+    validation = _validate(cfg, model, val_set, d.device)
     if d.rank != 0:
         return None
     result = build_result(
@@ -392,17 +364,60 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     return result
 
 
-def _state(cfg: TrainConfig, counters: Counters, schedule: ProgressSchedule) -> dict[str, Any]:
+class Checkpointer:
+    """Writes this run's checkpoints (collective) and keeps the newest ``keep_checkpoints``."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, out_dir: Path, strategy: Strategy,
+                 loader: Any, train_set: PreprocessedDataset) -> None:
+        self.cfg, self.rank, self.out_dir = cfg, rank, out_dir
+        self.strategy, self.loader = strategy, loader
+        self.processor_files = [train_set.tokenizer, train_set.image_processor]
+
+    def save(self, counters: Counters, schedule: dict[str, float]) -> None:
+        folder = self.out_dir / "checkpoints" / f"step_{counters.optimizer_steps:06d}"
+        ckpt.save_checkpoint(folder, rank=self.rank, strategy=self.strategy, loader=self.loader,
+                             trainer_state=_state(self.cfg, counters, schedule),
+                             local=counters.local(), processor_files=self.processor_files)
+        if self.rank == 0:
+            ckpt.prune(self.out_dir, self.cfg.run.keep_checkpoints)
+
+
+def _run_loop(cfg: TrainConfig, d: Dist, out_dir: Path, resumed: bool,
+              loop: TrainLoop) -> tuple[Counters, dict[str, float]]:
+    """Run ``loop`` with its sample log and progress bar open; (counters, schedule state)."""
+    if cfg.run.record_sample_ids:
+        # a resumed run appends to the log its checkpoint trimmed; a fresh one starts it
+        path = out_dir / f"samples_rank{d.rank}.jsonl"
+        loop.sample_log = path.open("a" if resumed else "w")
+    loop.bar = _progress_bar(d.rank, loop.loader)
+    try:
+        return loop.run(), loop.schedule_state()
+    finally:
+        if loop.sample_log is not None:
+            loop.sample_log.close()
+        if loop.bar is not None:
+            loop.bar.close()
+
+
+def _sum_rank_counters(counters: Counters, device: torch.device) -> None:
+    """Per-rank counters summed once at the end: tokens, and IDLE steps as rank-steps."""
+    totals = torch.tensor([counters.real_tokens, counters.padded_tokens, counters.idle_steps],
+                          dtype=torch.int64, device=device)
+    dist.all_reduce(totals)
+    counters.real_tokens, counters.padded_tokens, counters.idle_steps = (
+        int(v) for v in totals.tolist())
+
+
+def _state(cfg: TrainConfig, counters: Counters, schedule: dict[str, float]) -> dict[str, Any]:
     return {"run_id": cfg.run.name, "global_step": counters.optimizer_steps,
-            "counters": counters.to_dict(), "schedule": schedule.state_dict(),
-            "config": cfg.to_dict()}
+            "counters": counters.to_dict(), "schedule": schedule, "config": cfg.to_dict()}
 
 
-def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loader: Any,
-             cfg: TrainConfig, out_dir: Path) -> Counters:
+def _restore(folder: Path, d: Dist, strategy: Strategy, loader: Any, cfg: TrainConfig,
+             out_dir: Path) -> tuple[Counters, float]:
+    """Load the checkpoint into the strategy and the loader; (counters, progress reached)."""
     state = ckpt.read_state(folder)
-    engine.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
-    schedule.load_state_dict(state["schedule"])
+    strategy.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
     loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged
     counters = Counters(**state["counters"]).with_local(ckpt.load_rank_state(folder, d.rank))
     # A checkpoint on an epoch's short last window holds a loader whose epoch is done
@@ -412,7 +427,7 @@ def _restore(folder: Path, d: Dist, engine: Any, schedule: ProgressSchedule, loa
         _trim_sample_log(out_dir / f"samples_rank{d.rank}.jsonl", counters.loader_steps)
     log.info("resumed from %s (optimizer step %d, epoch %d)", folder,
              counters.optimizer_steps, counters.epoch)
-    return counters
+    return counters, float(state["schedule"]["fraction"])
 
 
 def _save_final(folder: Path, rank: int, model: torch.nn.Module, state: dict[str, Any],

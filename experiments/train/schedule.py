@@ -1,21 +1,25 @@
-"""Learning-rate schedule driven by training progress, not by a step count.
+"""The recipe's learning-rate shape, driven by training progress, not by a step count.
 
 With dynamic batching the number of steps in an epoch is only known at its end, so a
 step-indexed scheduler (``get_cosine_schedule_with_warmup(total_steps)``) would end too
-early or too late. This schedule is a function of the *fraction of training done*,
-``(epoch + loader.progress()) / epochs``, which every loader reports exactly; an
-optimizer step uses the fraction reached before its window, so the first step sees 0
-and after the last sample of the last epoch the schedule stands at exactly 1.0.
-
-Pure: no torch import beyond the optimizer it sets.
+early or too late. The rate is a function of the *fraction of training done*,
+``(epoch + window.progress) / epochs``, which every loader reports exactly; the loop
+steps :class:`odb.integrations.ProgressLR` before each window, so the first window sees
+0 and after the last sample of the last epoch the fraction stands at exactly 1.0.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from functools import partial
 
-__all__ = ["ProgressSchedule", "lr_factor"]
+import torch
+
+from experiments.train.config import OptimConfig
+from odb.integrations import ProgressLR
+
+__all__ = ["build_scheduler", "lr_factor"]
 
 
 def lr_factor(fraction: float, kind: str, warmup: float, min_ratio: float) -> float:
@@ -40,44 +44,9 @@ def lr_factor(fraction: float, kind: str, warmup: float, min_ratio: float) -> fl
     return min_ratio + (1.0 - min_ratio) * shape
 
 
-class ProgressSchedule:
-    """Sets every param group's ``lr`` from the fraction of training done.
-
-    Args:
-        optimizer: Any object with ``param_groups`` (a torch optimizer).
-        peak_lr: The learning rate after warm-up.
-        kind: ``cosine``, ``linear`` or ``constant``.
-        warmup: Fraction of training in warm-up.
-        min_ratio: Final learning rate over ``peak_lr``.
-
-    Example:
-        >>> class Opt: param_groups = [{"lr": 0.0}]
-        >>> schedule = ProgressSchedule(Opt(), 1e-3, "linear", 0.0, 0.0)
-        >>> schedule.update(0.25)
-        0.00075
-    """
-
-    def __init__(self, optimizer: Any, peak_lr: float, kind: str, warmup: float,
-                 min_ratio: float) -> None:
-        self.optimizer = optimizer
-        self.peak_lr, self.kind, self.warmup, self.min_ratio = peak_lr, kind, warmup, min_ratio
-        self.fraction = 0.0
-
-    def update(self, fraction: float) -> float:
-        """Move to ``fraction`` of training; returns the learning rate set."""
-        if fraction < self.fraction - 1e-12:
-            raise ValueError(f"training progress went backwards: {self.fraction} -> {fraction}")
-        self.fraction = fraction
-        lr = self.peak_lr * lr_factor(fraction, self.kind, self.warmup, self.min_ratio)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
-    def state_dict(self) -> dict[str, float]:
-        return {"fraction": self.fraction}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        state = dict(state)
-        self.update(float(state.pop("fraction")))
-        if state:
-            raise ValueError(f"unknown schedule state keys {sorted(state)}")
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
+                    progress: Callable[[], float]) -> ProgressLR:
+    """``cfg``'s schedule over ``optimizer`` (created with ``lr=cfg.lr``), at ``progress()``."""
+    shape = partial(lr_factor, kind=cfg.schedule, warmup=cfg.warmup_ratio,
+                    min_ratio=cfg.min_lr_ratio)
+    return ProgressLR(optimizer, shape, progress=progress)

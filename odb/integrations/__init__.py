@@ -8,6 +8,8 @@ when its adapter module is:
 - :mod:`odb.integrations.accelerate`: ``prepare`` that leaves ODB loaders untouched, and
   ``windows`` for an Accelerate loop.
 - :mod:`odb.integrations.deepspeed`: ``windows`` for a DeepSpeed engine loop.
+- :mod:`odb.integrations.ddp`: ``windows`` for a plain ``DistributedDataParallel`` loop
+  (torch-only).
 
 Shared, torch-only pieces: :mod:`odb.integrations.window` (gradient-accumulation windows
 of a loader, the step info popped) and :mod:`odb.integrations.schedule` (a learning-rate
@@ -16,6 +18,6 @@ scheduler driven by training progress instead of a step count). Usage:
 """
 
 from odb.integrations.schedule import ProgressLR
-from odb.integrations.window import Window, iter_windows
+from odb.integrations.window import Window, adapt_windows, iter_windows
 
-__all__ = ["ProgressLR", "Window", "iter_windows"]
+__all__ = ["ProgressLR", "Window", "adapt_windows", "iter_windows"]

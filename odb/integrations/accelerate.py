@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from odb.integrations.window import Window, iter_windows, to_device
+from odb.integrations.window import Window, adapt_windows, to_device
 
 __all__ = ["AccelerateWindow", "prepare", "windows"]
 
@@ -83,7 +83,7 @@ class AccelerateWindow(Window):
     """A window whose micro-steps run on ``accelerator.device`` under ``no_sync`` but the last."""
 
     def __init__(self, window: Window, accelerator: Any, model: torch.nn.Module) -> None:
-        super().__init__(window.batches, window.infos, window.progress)
+        super().__init__(window.batches, window.infos, window.progress, window.wait_s)
         self.accelerator, self.model = accelerator, model
 
     def _micro_step(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
@@ -108,5 +108,4 @@ def windows(accelerator: Any, model: torch.nn.Module, loader: Any) -> Iterator[A
         ...     optimizer.step(); optimizer.zero_grad()
     """
     check_accelerator(accelerator)
-    for window in iter_windows(loader):
-        yield AccelerateWindow(window, accelerator, model)
+    return adapt_windows(loader, lambda window: AccelerateWindow(window, accelerator, model))

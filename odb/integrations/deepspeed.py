@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from odb.integrations.window import Window, iter_windows, to_device
+from odb.integrations.window import Window, adapt_windows, to_device
 
 __all__ = ["DeepSpeedWindow", "windows"]
 
@@ -30,7 +30,7 @@ class DeepSpeedWindow(Window):
     """A window whose micro-steps run on the engine's device, the boundary set explicitly."""
 
     def __init__(self, window: Window, engine: Any) -> None:
-        super().__init__(window.batches, window.infos, window.progress)
+        super().__init__(window.batches, window.infos, window.progress, window.wait_s)
         self.engine = engine
 
     def _micro_step(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
@@ -70,5 +70,4 @@ def windows(engine: Any, loader: Any) -> Iterator[DeepSpeedWindow]:
             f"{engine.gradient_accumulation_steps()} but the loader has grad_accum_steps={accum}; "
             "set both to the same number"
         )
-    for window in iter_windows(loader):
-        yield DeepSpeedWindow(window, engine)
+    return adapt_windows(loader, lambda window: DeepSpeedWindow(window, engine))

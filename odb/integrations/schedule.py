@@ -52,6 +52,24 @@ class ProgressLR(torch.optim.lr_scheduler.LRScheduler):
         self.progress = progress
         super().__init__(optimizer)
 
+    def step(self, epoch: int | None = None) -> None:
+        """Set every group's rate from ``progress()`` now.
+
+        Any time and any number of times: before the first ``optimizer.step()`` too (the
+        rate of the first window), so torch's warning about that order, which guards
+        step-indexed schedules, does not apply.
+
+        Raises:
+            TypeError: ``epoch`` is given (the rate follows ``progress()``, not a count).
+        """
+        if epoch is not None:
+            raise TypeError("ProgressLR.step() takes no epoch: the rate follows progress()")
+        self._step_count += 1
+        self.last_epoch += 1
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
     def fraction(self) -> float:
         """The progress clipped to [0, 1]."""
         return min(max(float(self.progress()), 0.0), 1.0)

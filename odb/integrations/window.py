@@ -12,15 +12,16 @@ synchronises gradients. Torch-only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
 from odb.collate import TensorParts
 from odb.core.step_info import StepInfo, pop_step_info
 
-__all__ = ["Window", "iter_windows", "to_device"]
+__all__ = ["Window", "adapt_windows", "iter_windows", "to_device"]
 
 
 class Window:
@@ -34,6 +35,7 @@ class Window:
         infos: Their :class:`~odb.core.step_info.StepInfo`, in order.
         progress: ``loader.progress()`` before the window was taken (the fraction of the
             epoch's samples already trained on); None for a stream.
+        wait_s: Seconds the caller waited on the loader for the window's batches.
 
     Example:
         >>> for window in iter_windows(loader):                       # doctest: +SKIP
@@ -43,10 +45,15 @@ class Window:
     """
 
     def __init__(
-        self, batches: list[dict[str, Any]], infos: list[StepInfo], progress: float | None
+        self,
+        batches: list[dict[str, Any]],
+        infos: list[StepInfo],
+        progress: float | None,
+        wait_s: float = 0.0,
     ) -> None:
         assert batches and len(batches) == len(infos)
         self.batches, self.infos, self.progress = batches, infos, progress
+        self.wait_s = wait_s
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -80,6 +87,9 @@ class Window:
         return batch
 
 
+AdaptedWindow = TypeVar("AdaptedWindow", bound=Window)
+
+
 def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Iterator[Window]:
     """Iterate one epoch of ``loader`` as accumulation windows (call ``set_epoch`` first).
 
@@ -99,6 +109,7 @@ def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Iterator[W
             progress = _progress(loader)
             taken: list[dict[str, Any]] = []
             infos: list[StepInfo] = []
+            waited = time.perf_counter()
             while len(taken) < window:
                 batch = next(batches, None)
                 if batch is None:
@@ -112,11 +123,27 @@ def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Iterator[W
                     "the steps of one window carry different loss normalizers: the loader's "
                     f"accumulation windows are not {window} steps long"
                 )
-            yield Window(taken, infos, progress)
+            yield Window(taken, infos, progress, time.perf_counter() - waited)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()  # stop the loader's collate side when the caller stops early
+
+
+def adapt_windows(
+    loader: Any, adapt: Callable[[Window], AdaptedWindow]
+) -> Iterator[AdaptedWindow]:
+    """:func:`iter_windows` of ``loader``, each window passed through ``adapt``.
+
+    What the framework adapters return: closing this iterator (or leaving it early)
+    closes the loader's epoch at once, as closing :func:`iter_windows` does.
+    """
+    inner = iter_windows(loader)
+    try:
+        for window in inner:
+            yield adapt(window)
+    finally:
+        inner.close()
 
 
 def _window_size(loader: Any, grad_accum_steps: int | None) -> int:

@@ -1,13 +1,12 @@
-"""The progress-driven learning-rate schedule (pure)."""
+"""The recipe's learning-rate shape and its scheduler over training progress."""
+
+import warnings
 
 import pytest
+import torch
 
-from experiments.train.schedule import ProgressSchedule, lr_factor
-
-
-class _Optimizer:
-    def __init__(self) -> None:
-        self.param_groups = [{"lr": 0.0}, {"lr": 0.0}]
+from experiments.train.config import OptimConfig
+from experiments.train.schedule import build_scheduler, lr_factor
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
@@ -26,16 +25,21 @@ def test_constant_and_clamping() -> None:
     assert lr_factor(-1.0, "linear", 0.1, 0.0) == 0.0
 
 
-def test_schedule_sets_every_group_and_round_trips() -> None:
-    opt = _Optimizer()
-    schedule = ProgressSchedule(opt, 1e-3, "linear", 0.0, 0.0)
-    assert schedule.update(0.25) == pytest.approx(7.5e-4)
-    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(7.5e-4)] * 2
-    state = schedule.state_dict()
-    other = ProgressSchedule(_Optimizer(), 1e-3, "linear", 0.0, 0.0)
-    other.load_state_dict(state)
-    assert other.fraction == 0.25 and state == {"fraction": 0.25}
-    with pytest.raises(ValueError, match="went backwards"):
-        schedule.update(0.1)
-    with pytest.raises(ValueError, match="unknown schedule state"):
-        other.load_state_dict({"fraction": 0.5, "step": 3})
+def test_scheduler_sets_every_group_from_progress_before_the_first_optimizer_step() -> None:
+    """The loop steps the scheduler before each window, the first one included: no
+    warning about the order, every group at the shape's rate, nothing to restore but
+    the progress."""
+    params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
+    optimizer = torch.optim.SGD([{"params": params[:1]}, {"params": params[1:]}], lr=1e-3)
+    done = [0.0]
+    cfg = OptimConfig(lr=1e-3, schedule="linear", warmup_ratio=0.0, min_lr_ratio=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scheduler = build_scheduler(optimizer, cfg, lambda: done[0])
+        done[0] = 0.25
+        scheduler.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(7.5e-4)] * 2
+    assert scheduler.get_last_lr() == [pytest.approx(7.5e-4)] * 2
+    done[0] = 1.0
+    scheduler.step()
+    assert [g["lr"] for g in optimizer.param_groups] == [0.0, 0.0]

@@ -1,24 +1,19 @@
-"""Two engines behind one small interface: plain DDP and DeepSpeed ZeRO.
+"""How the model trains across processes: plain DDP or DeepSpeed ZeRO, behind one interface.
 
-The loop hands each engine micro-steps and says which one closes the accumulation
-window; the engine owns forward, backward, gradient sync and the optimizer. The loss
-contract is the same for both (SPEC 2.4): the model returns
-``sum(token losses) / info.loss_normalizer`` (HF's ``num_items_in_batch``), and the
-engines' gradient averaging over ``W`` ranks turns that into the gradient of the global
-per-token mean over the window. So neither engine may rescale again: DDP's
-``no_sync`` accumulation adds micro-step gradients as they are, and DeepSpeed's
-backward is called with ``scale_wrt_gas=False`` (it would otherwise divide by the
-accumulation steps a second time). Window boundaries are set explicitly on DeepSpeed
-too, because a dynamic-batching epoch may end with a partial window.
-
-An IDLE step is an ordinary micro-step here: its labels are all masked, so its loss is
-an exact zero with a graph, and backward fires every gradient hook (DDP all-reduce,
-ZeRO reduce-scatter) like a real step.
+Each strategy turns the loader's epoch into ``odb.integrations`` windows (DDP:
+:mod:`odb.integrations.ddp`; DeepSpeed: :mod:`odb.integrations.deepspeed`), runs a
+micro-step's forward and backward, and applies the window's gradients; the recipe's
+loop never touches gradient synchronisation. The loss contract is the same for both
+(SPEC 2.4): the model returns ``sum(token losses) / info.loss_normalizer`` (HF's
+``num_items_in_batch``), and gradient averaging over ``W`` ranks turns that into the
+gradient of the global per-token mean over the window, so neither strategy rescales
+again. An IDLE step is an ordinary micro-step (all labels masked: an exact zero loss
+with a graph, whose backward fires every gradient hook).
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,23 +21,28 @@ import torch
 import torch.distributed as dist
 
 from experiments.train.config import EngineConfig, OptimConfig
+from odb.integrations import ddp, deepspeed
+from odb.integrations.window import Window
 
-__all__ = ["DDPEngine", "DeepSpeedEngine", "Engine", "make_engine"]
+__all__ = ["DDPStrategy", "DeepSpeedStrategy", "Strategy", "make_strategy"]
 
 
-class Engine(Protocol):
-    """What the train loop needs from an engine."""
+class Strategy(Protocol):
+    """What the train loop needs from a strategy."""
 
     model: torch.nn.Module  # the unwrapped model (save, evaluate)
-    optimizer: torch.optim.Optimizer  # whose param groups the schedule sets
+    optimizer: torch.optim.Optimizer  # the torch optimizer whose rates the scheduler sets
 
-    def micro_step(self, batch: dict[str, Any], normalizer: float, boundary: bool
-                   ) -> torch.Tensor:
-        """Forward + backward of one micro-batch; returns its loss sum (detached)."""
+    def windows(self, loader: Any) -> Iterator[Any]:
+        """One epoch of ``loader`` as accumulation windows, batches on the device."""
+        ...
+
+    def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
+        """Forward + backward of one micro-batch of ``window``; its loss sum (detached)."""
         ...
 
     def optimizer_step(self) -> None:
-        """Apply the window's gradients (after the boundary micro-step)."""
+        """Apply the window's gradients (after its last micro-step)."""
         ...
 
     def save(self, folder: Path, rank: int) -> None: ...
@@ -58,17 +58,12 @@ def _optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.opti
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
-def _loss_sum(out: Any, normalizer: float) -> torch.Tensor:
-    return out.loss.detach() * normalizer
-
-
-class DDPEngine:
+class DDPStrategy:
     """``DistributedDataParallel`` (or the bare model at one rank) and a torch optimizer."""
 
     def __init__(self, model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,
-                 world_size: int) -> None:
-        self.model = model
-        self.optim_cfg = optim
+                 world_size: int, device: torch.device) -> None:
+        self.model, self.optim_cfg, self.device = model, optim, device
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = _optimizer(self.params, optim)
         self.wrapped: torch.nn.Module = model
@@ -79,13 +74,13 @@ class DDPEngine:
             self.wrapped = torch.nn.parallel.DistributedDataParallel(
                 model, find_unused_parameters=cfg.find_unused_parameters or vision_trains)
 
-    def micro_step(self, batch: dict[str, Any], normalizer: float, boundary: bool
-                   ) -> torch.Tensor:
-        sync = boundary or not isinstance(self.wrapped, torch.nn.parallel.DistributedDataParallel)
-        with contextlib.nullcontext() if sync else self.wrapped.no_sync():
-            out = self.wrapped(**batch, num_items_in_batch=normalizer)
-            out.loss.backward()
-        return _loss_sum(out, normalizer)
+    def windows(self, loader: Any) -> Iterator[Window]:
+        return ddp.windows(self.wrapped, loader, self.device)
+
+    def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
+        out = self.wrapped(**batch, num_items_in_batch=normalizer)
+        window.backward(out.loss)
+        return out.loss.detach() * normalizer
 
     def optimizer_step(self) -> None:
         if self.optim_cfg.max_grad_norm > 0:
@@ -102,20 +97,23 @@ class DDPEngine:
         self.optimizer.load_state_dict(state)
 
 
-class DeepSpeedEngine:
+class DeepSpeedStrategy:
     """A DeepSpeed engine (ZeRO stage 0-2) around the model and a torch optimizer.
 
-    Gradient clipping and bf16 master weights are DeepSpeed's. Its checkpoint (model and
-    partitioned optimizer states) is written collectively under ``deepspeed/``.
+    Gradient clipping and bf16 master weights are DeepSpeed's; the optimizer steps inside
+    the window's last backward (:meth:`odb.integrations.deepspeed.DeepSpeedWindow.backward`).
+    Its checkpoint (model and partitioned optimizer states) is written collectively
+    under ``deepspeed/``.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,
                  bf16: bool) -> None:
-        import deepspeed
+        import deepspeed as ds
 
-        _skip_cpu_shm_comm_build(deepspeed)
+        _skip_cpu_shm_comm_build(ds)
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = _optimizer(params, optim)
         config = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": optim.grad_accum_steps,
@@ -127,21 +125,19 @@ class DeepSpeedEngine:
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=_optimizer(params, optim),
-            config=config)
+        self.engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
+                                             optimizer=self.optimizer, config=config)
 
-    def micro_step(self, batch: dict[str, Any], normalizer: float, boundary: bool
-                   ) -> torch.Tensor:
-        self.engine.set_gradient_accumulation_boundary(boundary)
+    def windows(self, loader: Any) -> Iterator[Window]:
+        return deepspeed.windows(self.engine, loader)
+
+    def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
         out = self.engine(**batch, num_items_in_batch=normalizer)
-        self.engine.backward(out.loss, scale_wrt_gas=False)
-        if not boundary:
-            self.engine.step()  # a no-op off the boundary; keeps DeepSpeed's counters
-        return _loss_sum(out, normalizer)
+        window.backward(out.loss)  # the engine's step: the optimizer's on the boundary
+        return out.loss.detach() * normalizer
 
     def optimizer_step(self) -> None:
-        self.engine.step()
+        """Nothing left: the window's last backward stepped the engine's optimizer."""
 
     def save(self, folder: Path, rank: int) -> None:
         self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state")
@@ -153,26 +149,25 @@ class DeepSpeedEngine:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder / 'deepspeed'}")
 
 
-def _skip_cpu_shm_comm_build(deepspeed: Any) -> None:
+def _skip_cpu_shm_comm_build(ds: Any) -> None:
     """Keep DeepSpeed's CPU accelerator from JIT-compiling its shared-memory all-reduce.
 
     Its comm backend builds the ``deepspeed_shm_comm`` extension when it starts, unless
-    the op is marked incompatible: about 55 s of a C++ compile on 2 cores, paid on every
-    fresh machine (and again whenever another environment's build replaced the cached
-    one). Only DeepSpeed's inference all-reduce (tensor-parallel inference) uses it;
-    ZeRO training's collectives go through ``torch.distributed`` either way. Not
-    touched on other accelerators, where the op does not exist.
+    the op is marked incompatible (a C++ compile on every fresh machine; cost in
+    ``docs/training.md``). Only DeepSpeed's inference all-reduce (tensor-parallel
+    inference) uses it; ZeRO training's collectives go through ``torch.distributed``
+    either way. Not touched on other accelerators, where the op does not exist.
     """
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() == "cpu":
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        ds.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def make_engine(model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,
-                bf16: bool) -> Engine:
-    """The engine ``cfg.name`` names, over the initialised default process group."""
+def make_strategy(model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig, bf16: bool,
+                  device: torch.device) -> Strategy:
+    """The strategy ``cfg.name`` names, over the initialised default process group."""
     if cfg.name == "deepspeed":
-        return DeepSpeedEngine(model, cfg, optim, bf16)
+        return DeepSpeedStrategy(model, cfg, optim, bf16)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return DDPEngine(model, cfg, optim, world)
+    return DDPStrategy(model, cfg, optim, world, device)
