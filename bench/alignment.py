@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,28 @@ HOST = "127.0.0.1"
 
 
 def _rank_main(rank: int, world: int, port: int, rounds: int, warmup: int, steps: int, out) -> None:
+    """One rank: time the status gathers and the count all-reduce; put its figures on
+    ``out``."""
     torch.set_num_threads(1)
+    group, raw = _groups(rank, world, port)
+    odb_t, raw_t, gather_bytes = _time_status_gathers(group, raw, rank, world, rounds, warmup)
+    reduce_s, reduce_bytes = _time_sum_counts(group, raw, rank, rounds, steps)
+    raw.barrier().wait()
+    out.put(
+        {
+            "rank": rank,
+            "odb": odb_t,
+            "raw": raw_t,
+            "gather_bytes_per_round": gather_bytes / rounds,
+            "sum_counts_bytes_per_step": reduce_bytes / steps,
+            "sum_counts_us_per_round": reduce_s * 1e6,
+        }
+    )
+
+
+def _groups(rank: int, world: int, port: int) -> tuple[AlignmentGroup, Any]:
+    """ODB's alignment group (as a collate process builds it) and a raw
+    ``ProcessGroupGloo`` on the same store, under another prefix."""
     rdv = Rendezvous(HOST, port, rank, world, init_timeout_s=120.0, align_timeout_s=120.0)
     group = AlignmentGroup(rdv, f"bench/align/W{world}/")
     store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=120))
@@ -51,6 +73,18 @@ def _rank_main(rank: int, world: int, port: int, rounds: int, warmup: int, steps
         world,
         datetime.timedelta(seconds=120),
     )
+    return group, raw
+
+
+def _time_status_gathers(
+    group: AlignmentGroup, raw, rank: int, world: int, rounds: int, warmup: int
+) -> tuple[list[float], list[float], int]:
+    """(seconds of each ``gather_status`` round, of each raw allgather round, bytes
+    ``group`` sent in the timed status rounds).
+
+    After ``warmup`` untimed rounds of each, ``rounds`` of each are timed, alternating
+    which goes first.
+    """
     row = RankStatus(
         ready=rank + 3,
         buffered=1000 * (rank + 1),
@@ -85,8 +119,14 @@ def _rank_main(rank: int, world: int, port: int, rounds: int, warmup: int, steps
         else:
             raw_t.append(raw_round())
             odb_t.append(odb_round())
-    gather_bytes = group.bytes_sent - bytes_before
-    # The count all-reduce of one round with `steps` steps (what run_epoch sends).
+    return odb_t, raw_t, group.bytes_sent - bytes_before
+
+
+def _time_sum_counts(
+    group: AlignmentGroup, raw, rank: int, rounds: int, steps: int
+) -> tuple[float, float]:
+    """(seconds, bytes sent) per count all-reduce of a round with ``steps`` steps (what
+    run_epoch sends), averaged over ``max(1, rounds // 4)`` of them."""
     counts = RoundCounts(tuple(StepCounts(rank + 1, 7, 9) for _ in range(steps)), 50, 4000)
     raw.barrier().wait()
     before = group.bytes_sent
@@ -95,18 +135,7 @@ def _rank_main(rank: int, world: int, port: int, rounds: int, warmup: int, steps
     for _ in range(reduce_rounds):
         RoundCounts.from_row(group.sum_counts(counts.to_row()))
     reduce_s = (time.perf_counter() - t) / reduce_rounds
-    reduce_bytes = (group.bytes_sent - before) / reduce_rounds
-    raw.barrier().wait()
-    out.put(
-        {
-            "rank": rank,
-            "odb": odb_t,
-            "raw": raw_t,
-            "gather_bytes_per_round": gather_bytes / rounds,
-            "sum_counts_bytes_per_step": reduce_bytes / steps,
-            "sum_counts_us_per_round": reduce_s * 1e6,
-        }
-    )
+    return reduce_s, (group.bytes_sent - before) / reduce_rounds
 
 
 def run_world(world: int, rounds: int, warmup: int, steps: int) -> dict:

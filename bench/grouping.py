@@ -223,6 +223,15 @@ def byte_sweep(args) -> dict:
     return {"budget": budget, "bytes_per_token": per_token, "policy": "balanced", "rows": rows}
 
 
+_GRID_CASE_KEYS = (
+    "padding_efficiency",
+    "steps_vs_oracle",
+    "steps_vs_per_rank_oracle",
+    "idle_fraction",
+    "pass_vs_per_rank_oracle",
+)
+
+
 def knob_grid(args) -> dict:
     """Which (window_budgets, age_limit, queue_depth) meet each target everywhere?
 
@@ -240,55 +249,8 @@ def knob_grid(args) -> dict:
     rows = []
     for wb, age, qd in itertools.product(args.grid_windows, args.grid_ages, args.grid_queues):
         _io.progress(f"knob grid window={wb} age={age} queue={qd}")
-        cases = []
-        for name, b, w in refs:
-            cfg = ODBConfig(
-                token_budget=b,
-                policy="balanced",
-                seed=args.seed,
-                window_budgets=wb,
-                age_limit=age,
-                queue_depth=qd,
-            )
-            s = run_one(data[name], cfg, w, *refs[(name, b, w)])
-            cases.append(
-                {
-                    "dist": name,
-                    "budget": b,
-                    "world_size": w,
-                    **{
-                        k: s[k]
-                        for k in (
-                            "padding_efficiency",
-                            "steps_vs_oracle",
-                            "steps_vs_per_rank_oracle",
-                            "idle_fraction",
-                            "pass_vs_per_rank_oracle",
-                        )
-                    },
-                }
-            )
-        w1 = [c for c in cases if c["world_size"] == 1]
-        wn = [c for c in cases if c["world_size"] > 1]
-        rows.append(
-            {
-                "window_budgets": wb,
-                "age_limit": age,
-                "queue_depth": qd,
-                "min_padding_efficiency_W1": min(c["padding_efficiency"] for c in w1),
-                "min_padding_efficiency_W4": min(c["padding_efficiency"] for c in wn),
-                "max_steps_vs_oracle_W1": max(c["steps_vs_oracle"] for c in w1),
-                "max_steps_vs_oracle_W4": max(c["steps_vs_oracle"] for c in wn),
-                "max_steps_vs_per_rank_oracle_W4": max(c["steps_vs_per_rank_oracle"] for c in wn),
-                "max_idle_fraction_W4": max(c["idle_fraction"] for c in wn),
-                "all_pass_W1": all(
-                    c["padding_efficiency"] >= PAD_TARGET and c["steps_vs_oracle"] <= STEPS_TARGET
-                    for c in w1
-                ),
-                "all_pass_vs_per_rank_oracle": all(c["pass_vs_per_rank_oracle"] for c in cases),
-                "cases": cases,
-            }
-        )
+        knobs = {"window_budgets": wb, "age_limit": age, "queue_depth": qd}
+        rows.append(_grid_row(knobs, _grid_cases(knobs, data, refs, args.seed)))
     keys = ("window_budgets", "age_limit", "queue_depth")
     return {
         "policy": "balanced",
@@ -299,6 +261,42 @@ def knob_grid(args) -> dict:
         "passing_vs_per_rank_oracle": [
             {k: r[k] for k in keys} for r in rows if r["all_pass_vs_per_rank_oracle"]
         ],
+    }
+
+
+def _grid_cases(knobs: dict, data: dict, refs: dict, seed: int) -> list[dict]:
+    """One knob setting (``balanced``) simulated in every (distribution, budget, world
+    size) case of ``refs`` (the case's oracles), in that order; the metrics the grid
+    keeps of each."""
+    cases = []
+    for name, b, w in refs:
+        cfg = ODBConfig(token_budget=b, policy="balanced", seed=seed, **knobs)
+        s = run_one(data[name], cfg, w, *refs[(name, b, w)])
+        cases.append(
+            {"dist": name, "budget": b, "world_size": w, **{k: s[k] for k in _GRID_CASE_KEYS}}
+        )
+    return cases
+
+
+def _grid_row(knobs: dict, cases: list[dict]) -> dict:
+    """A knob setting's row: the worst value of each metric at ``W = 1`` and at the
+    larger world sizes (reported as ``W4``), and whether every case meets the targets."""
+    w1 = [c for c in cases if c["world_size"] == 1]
+    wn = [c for c in cases if c["world_size"] > 1]
+    return {
+        **knobs,
+        "min_padding_efficiency_W1": min(c["padding_efficiency"] for c in w1),
+        "min_padding_efficiency_W4": min(c["padding_efficiency"] for c in wn),
+        "max_steps_vs_oracle_W1": max(c["steps_vs_oracle"] for c in w1),
+        "max_steps_vs_oracle_W4": max(c["steps_vs_oracle"] for c in wn),
+        "max_steps_vs_per_rank_oracle_W4": max(c["steps_vs_per_rank_oracle"] for c in wn),
+        "max_idle_fraction_W4": max(c["idle_fraction"] for c in wn),
+        "all_pass_W1": all(
+            c["padding_efficiency"] >= PAD_TARGET and c["steps_vs_oracle"] <= STEPS_TARGET
+            for c in w1
+        ),
+        "all_pass_vs_per_rank_oracle": all(c["pass_vs_per_rank_oracle"] for c in cases),
+        "cases": cases,
     }
 
 

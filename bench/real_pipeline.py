@@ -566,8 +566,8 @@ def _odb_options(pairs: list[str], workers: int, parser: Any) -> tuple[tuple[str
     return tuple(options.items())
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = _io.parser(__doc__.splitlines()[0])
+def _add_workload_args(p: Any) -> None:
+    """What the cells run: the data, the loaders, the world sizes and the repeats."""
     p.add_argument("--samples", type=int, default=300, help="samples per epoch (all ranks)")
     p.add_argument("--budget", type=int, default=8192, help="odb token budget")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (both)")
@@ -604,6 +604,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="pixel budget for every proxy; 0: each proxy's own (default_max_pixels)",
     )
     p.add_argument("--cutoff-len", type=int, default=16384)
+
+
+def _add_measurement_args(p: Any) -> None:
+    """How a cell is sampled, reported and bounded in time."""
     p.add_argument(
         "--mem-interval-ms",
         type=float,
@@ -619,6 +623,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--progress-s", type=float, default=10.0, help="rank progress interval")
     p.add_argument("--timeout", type=float, default=1800.0, help="hard limit per cell, s")
+
+
+def _add_odb_and_consumer_args(p: Any) -> None:
+    """odb's own options and the consumer's simulated work per token."""
     p.add_argument(
         "--odb",
         nargs="*",
@@ -633,72 +641,76 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="the consumer busies the GIL this long per real token of each batch "
         "(pure Python; 0: a consumer that does nothing)",
     )
-    args = p.parse_args(argv)
-    odb_options = _odb_options(args.odb, args.workers, p)
-    _check_args(args, p)
 
-    results: dict[str, Any] = {}
-    settings: dict[str, Any] = {}
-    for proxy in args.proxies:
-        max_pixels = args.max_pixels or default_max_pixels(proxy)
-        for world in args.world:
-            cell: dict[str, Any] = {"proxy": proxy, "world_size": world}
-            runs: dict[str, list[dict[str, Any]]] = {}
-            # Repeats alternate the loaders (plain, odb, ..., plain, odb, ...), so a slow
-            # spell of the machine lands on both; each ratio pairs one repeat's runs.
-            for rep in range(args.repeat):
-                for name in ["plain", *(n for n in args.loaders if n != "plain")]:
-                    spec = CellSpec(
-                        proxy=proxy,
-                        source=proxy_source(args.proxies_dir, proxy),
-                        processor=str(args.processor),
-                        loader=name,
-                        samples=args.samples,
-                        budget=args.budget,
-                        workers=args.workers,
-                        epochs=args.epochs,
-                        max_pixels=max_pixels,
-                        cutoff_len=args.cutoff_len,
-                        seed=args.seed,
-                        progress_s=args.progress_s,
-                        odb_options=odb_options,
-                        consumer_us_per_token=args.consumer_us_per_token,
-                        pixels=args.pixels,
-                    )
-                    settings[proxy] = {"image_max_pixels": max_pixels, "source": spec.source}
-                    label = f"{proxy} W={world} {name}" + (
-                        f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else "")
-                    _io.progress(f"{label}: starting {world} rank(s)")
-                    r = run_cell(
-                        spec,
-                        world,
-                        args.mem_interval_ms / 1000,
-                        args.timeout,
-                        args.smaps_interval_ms / 1000,
-                    )
-                    _io.progress(
-                        f"{label}: {r['samples']} samples in {r['wall_s']:.1f} s, "
-                        f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
-                        f"peak {r['peak_anon_shm_mb']:.0f} MB (anon + shm), "
-                        f"padding {r['padding_efficiency']}, "
-                        f"{r['steps']} steps"
-                    )
-                    runs.setdefault(name, []).append(r)
-            for name, rs in runs.items():
-                cell[name] = median_run(rs)
-                if args.repeat > 1:
-                    cell[f"{name}_runs"] = rs
-            for variant in _VARIANTS:
-                if variant in cell:
-                    cell[f"{variant}_vs_plain"] = compare(cell["plain"], cell[variant])
-                    cell[f"{variant}_vs_plain"]["samples_per_s_ratio_per_repeat"] = [
-                        compare(p, o)["samples_per_s_odb_vs_plain"]
-                        for p, o in zip(runs["plain"], runs[variant], strict=True)
-                    ]
-            results[f"{proxy}/W{world}"] = cell
-    text = table(results)
-    _io.progress("summary:\n" + text)
-    doc = {
+
+def _cell_spec(args: Any, proxy: str, loader: str, max_pixels: int, odb_options) -> CellSpec:
+    """What every rank of one run of ``loader`` on ``proxy`` runs, from the flags."""
+    return CellSpec(
+        proxy=proxy,
+        source=proxy_source(args.proxies_dir, proxy),
+        processor=str(args.processor),
+        loader=loader,
+        samples=args.samples,
+        budget=args.budget,
+        workers=args.workers,
+        epochs=args.epochs,
+        max_pixels=max_pixels,
+        cutoff_len=args.cutoff_len,
+        seed=args.seed,
+        progress_s=args.progress_s,
+        odb_options=odb_options,
+        consumer_us_per_token=args.consumer_us_per_token,
+        pixels=args.pixels,
+    )
+
+
+def _run_logged(args: Any, spec: CellSpec, world: int, label: str) -> dict[str, Any]:
+    """`run_cell` with the flags' intervals and limit, its start and summary on stderr."""
+    _io.progress(f"{label}: starting {world} rank(s)")
+    r = run_cell(
+        spec, world, args.mem_interval_ms / 1000, args.timeout, args.smaps_interval_ms / 1000
+    )
+    _io.progress(
+        f"{label}: {r['samples']} samples in {r['wall_s']:.1f} s, "
+        f"{r['samples_per_s']} samples/s, first batch {r['first_batch_s']:.2f} s, "
+        f"peak {r['peak_anon_shm_mb']:.0f} MB (anon + shm), "
+        f"padding {r['padding_efficiency']}, "
+        f"{r['steps']} steps"
+    )
+    return r
+
+
+def _proxy_world(args: Any, proxy: str, world: int, max_pixels: int, odb_options) -> dict:
+    """One (proxy, W): every loader ``--repeat`` times, alternating; each loader's median
+    run (and every run, with repeats) and each odb variant against plain."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    # Repeats alternate the loaders (plain, odb, ..., plain, odb, ...), so a slow
+    # spell of the machine lands on both; each ratio pairs one repeat's runs.
+    for rep in range(args.repeat):
+        for name in ["plain", *(n for n in args.loaders if n != "plain")]:
+            label = f"{proxy} W={world} {name}" + (
+                f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
+            )
+            spec = _cell_spec(args, proxy, name, max_pixels, odb_options)
+            runs.setdefault(name, []).append(_run_logged(args, spec, world, label))
+    cell: dict[str, Any] = {"proxy": proxy, "world_size": world}
+    for name, rs in runs.items():
+        cell[name] = median_run(rs)
+        if args.repeat > 1:
+            cell[f"{name}_runs"] = rs
+    for variant in _VARIANTS:
+        if variant in cell:
+            cell[f"{variant}_vs_plain"] = compare(cell["plain"], cell[variant])
+            cell[f"{variant}_vs_plain"]["samples_per_s_ratio_per_repeat"] = [
+                compare(p, o)["samples_per_s_odb_vs_plain"]
+                for p, o in zip(runs["plain"], runs[variant], strict=True)
+            ]
+    return cell
+
+
+def _document(args: Any, odb_options, proxies: dict, text: str, results: dict) -> dict:
+    """The benchmark's JSON document: the machine, every setting, the table, the cells."""
+    return {
         "benchmark": "real_pipeline",
         "machine": _io.machine(),
         "settings": {
@@ -712,7 +724,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "pixels": args.pixels,
             "repeat": args.repeat,
             "processor": str(args.processor),
-            "proxies": settings,
+            "proxies": proxies,
             "odb": {
                 "options": dict(odb_options),
                 "variants": _VARIANTS,
@@ -727,6 +739,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "table_markdown": text,
         "results": results,
     }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = _io.parser(__doc__.splitlines()[0])
+    _add_workload_args(p)
+    _add_measurement_args(p)
+    _add_odb_and_consumer_args(p)
+    args = p.parse_args(argv)
+    odb_options = _odb_options(args.odb, args.workers, p)
+    _check_args(args, p)
+
+    results: dict[str, Any] = {}
+    proxies: dict[str, Any] = {}
+    for proxy in args.proxies:
+        max_pixels = args.max_pixels or default_max_pixels(proxy)
+        proxies[proxy] = {
+            "image_max_pixels": max_pixels,
+            "source": proxy_source(args.proxies_dir, proxy),
+        }
+        for world in args.world:
+            cell = _proxy_world(args, proxy, world, max_pixels, odb_options)
+            results[f"{proxy}/W{world}"] = cell
+    text = table(results)
+    _io.progress("summary:\n" + text)
+    doc = _document(args, odb_options, proxies, text, results)
     _io.emit(doc, args.out)
     return doc
 

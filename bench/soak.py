@@ -280,23 +280,7 @@ def run_soak(
     for world, group in sorted(by_world.items()):
         for at in range(0, len(group), batch):
             chunk = group[at : at + batch]
-            outcome = _batch(world, chunk, limit_s, quick)
-            if isinstance(outcome, str):  # a hang or a crash: one scenario at a time
-                for s in chunk:
-                    single = _batch(world, [s], limit_s, quick)
-                    if isinstance(single, str):
-                        hung = "hung" in single
-                        totals["hangs"] += hung
-                        failures.append(
-                            dict(seed=s, kind="hang" if hung else "crash", message=single[-2000:])
-                        )
-                    else:
-                        _record(totals, failures, s, single[0], quick)
-                if not any(f["seed"] in chunk for f in failures):
-                    failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
-            else:
-                for s, per_scenario in zip(chunk, outcome, strict=True):
-                    _record(totals, failures, s, per_scenario, quick)
+            _run_chunk(world, chunk, limit_s, quick, totals, failures)
             done += len(chunk)
             if not quiet:
                 elapsed = time.perf_counter() - started
@@ -306,16 +290,6 @@ def run_soak(
                     file=sys.stderr,
                     flush=True,
                 )
-    draws = [draw(s, quick) for s in seeds]
-    drawn = [d.scenario for d in draws]
-    modes = Counter(d.options["collate_mode"] for d in drawn)
-    starts = Counter(
-        d.options["collate_start_method"] for d in drawn if d.options["collate_mode"] == "process"
-    )
-    sharing = Counter(d.sharing for d in draws)
-    workers = Counter(d.options["num_workers"] for d in drawn)
-    joins = Counter("join" if d.options["join"] else "non-join" for d in drawn)
-    setups = Counter(d.setup for d in drawn)
     quick_flag = " --quick" if quick else ""
     return dict(
         command=f"python -m bench.soak --scenarios {scenarios} --seed {seed}{quick_flag}",
@@ -325,18 +299,62 @@ def run_soak(
         failures=len(failures),
         failure_details=failures,
         by_world_size={w: len(g) for w, g in sorted(by_world.items())},
-        by_collate_mode=dict(modes),
-        by_collate_start=dict(sorted(starts.items())),
-        by_sharing_strategy=dict(sorted(sharing.items())),
-        by_num_workers=dict(sorted(workers.items())),
-        by_termination=dict(joins),
-        by_setup=dict(sorted(setups.items())),
-        rank0_only_saves=sum(1 for d in drawn if d.save_step),
+        **_coverage([draw(s, quick) for s in seeds]),
         limit_s_per_scenario=limit_s,
         wall_s=round(time.perf_counter() - started, 1),
         machine=dict(
             cpus=os.cpu_count(), platform=platform.platform(), python=platform.python_version()
         ),
+    )
+
+
+def _run_chunk(
+    world: int,
+    chunk: list[int],
+    limit_s: float,
+    quick: bool,
+    totals: Counter,
+    failures: list[dict[str, Any]],
+) -> None:
+    """Run the seeds of ``chunk`` (one world size) on one set of ranks; add what they
+    found to ``totals`` and ``failures``.
+
+    A batch that fails as a whole (a hang or a crash) is re-run one scenario at a time,
+    each with its own limit, so every failure names its seed; when none of them fails
+    alone, the batch's own failure is kept as ``batch-only``.
+    """
+    outcome = _batch(world, chunk, limit_s, quick)
+    if not isinstance(outcome, str):
+        for s, per_scenario in zip(chunk, outcome, strict=True):
+            _record(totals, failures, s, per_scenario, quick)
+        return
+    for s in chunk:
+        single = _batch(world, [s], limit_s, quick)
+        if isinstance(single, str):
+            hung = "hung" in single
+            totals["hangs"] += hung
+            failures.append(dict(seed=s, kind="hang" if hung else "crash", message=single[-2000:]))
+        else:
+            _record(totals, failures, s, single[0], quick)
+    if not any(f["seed"] in chunk for f in failures):
+        failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
+
+
+def _coverage(draws: list[Draw]) -> dict[str, Any]:
+    """How the drawn scenarios cover the space: counts by collate mode and start, sharing
+    strategy, workers, termination and set-up, and the number of rank-0-only saves."""
+    drawn = [d.scenario for d in draws]
+    starts = Counter(
+        d.options["collate_start_method"] for d in drawn if d.options["collate_mode"] == "process"
+    )
+    return dict(
+        by_collate_mode=dict(Counter(d.options["collate_mode"] for d in drawn)),
+        by_collate_start=dict(sorted(starts.items())),
+        by_sharing_strategy=dict(sorted(Counter(d.sharing for d in draws).items())),
+        by_num_workers=dict(sorted(Counter(d.options["num_workers"] for d in drawn).items())),
+        by_termination=dict(Counter("join" if d.options["join"] else "non-join" for d in drawn)),
+        by_setup=dict(sorted(Counter(d.setup for d in drawn).items())),
+        rank0_only_saves=sum(1 for d in drawn if d.save_step),
     )
 
 

@@ -151,43 +151,21 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: the checkpoint does not exist or has no known layout.
-        ValueError: the checkpoint (or a LoRA adapter's base) is not a Qwen3-VL model.
+        ValueError: the checkpoint (or a LoRA adapter's base) is not a Qwen3-VL model,
+            or a LoRA adapter names no base.
 
     Example:
         >>> model, tok, ip, meta = load_checkpoint("runs/x/final")  # doctest: +SKIP
         >>> meta.kind, meta.run_id  # doctest: +SKIP
         ('lora', 'mmmix-odb-lora-s0')
     """
-    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
-
     kind, source, state_dir = resolve(path)
-    base = None
-    if kind == "lora":
-        base = json.loads((Path(source) / "adapter_config.json").read_text()).get(
-            "base_model_name_or_path"
-        )
-        if not base:
-            raise ValueError(
-                f"{source}/adapter_config.json names no base_model_name_or_path; "
-                f"re-save the adapter with peft so the base is recorded"
-            )
-        _check_model_type(base)
-    else:
-        _check_model_type(source)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(base or source, dtype=dtype)
-    if kind == "lora":
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, source)
-        if merge_lora:
-            model = model.merge_and_unload()
-    model.to(device).eval()
+    base = _lora_base(source) if kind == "lora" else None
+    _check_model_type(base or source)
+    model = _load_model(source, base, dtype=dtype, device=device, merge_lora=merge_lora)
     # The tokenizer and processor files sit next to the weights (or in the base folder).
     files = source if _has_tokenizer(source) else (base or source)
-    tokenizer = AutoTokenizer.from_pretrained(files)
-    _attach_chat_template(tokenizer, files)
-    image_processor = Qwen2VLImageProcessorPil.from_pretrained(files)
+    tokenizer, image_processor = _load_processors(files)
     state = _trainer_state(state_dir)
     meta = CheckpointMeta(
         path=str(path),
@@ -199,6 +177,61 @@ def load_checkpoint(
         global_step=state.get("global_step"),
     )
     return model, tokenizer, image_processor, meta
+
+
+def _lora_base(adapter: Path | str) -> str:
+    """The base model a LoRA adapter folder names (``adapter_config.json``'s
+    ``base_model_name_or_path``).
+
+    Raises:
+        ValueError: the adapter config names no base.
+    """
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    base = config.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(
+            f"{adapter}/adapter_config.json names no base_model_name_or_path; "
+            f"re-save the adapter with peft so the base is recorded"
+        )
+    return base
+
+
+def _load_model(
+    source: Path | str,
+    base: str | None,
+    *,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    merge_lora: bool,
+):
+    """The Qwen3-VL model in eval mode on ``device``.
+
+    ``base`` None: the weights of ``source``. Otherwise ``source`` is a LoRA adapter over
+    ``base``: the base is loaded, the adapter applied and, with ``merge_lora``, merged
+    (a plain model); without it the peft wrapper is returned.
+    """
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model = Qwen3VLForConditionalGeneration.from_pretrained(base or source, dtype=dtype)
+    if base is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, source)
+        if merge_lora:
+            model = model.merge_and_unload()
+    model.to(device).eval()
+    return model
+
+
+def _load_processors(files: Path | str):
+    """``(tokenizer, image_processor)`` read from ``files`` (a folder or hub id); the
+    tokenizer gets the processor's chat template when it has none of its own."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(files)
+    _attach_chat_template(tokenizer, files)
+    return tokenizer, Qwen2VLImageProcessorPil.from_pretrained(files)
 
 
 def _has_tokenizer(source: Path | str) -> bool:

@@ -1,5 +1,5 @@
-"""MMMU rows, prompts and model inputs, shared by the multiple-choice and generated-answer
-evaluators.
+"""MMMU rows, prompts, model inputs and the result record, shared by the multiple-choice
+and generated-answer evaluators.
 
 Rows come from ``MMMU/MMMU`` (one hub config per subject) or from a local folder in the
 same layout (``<Subject>/<split>-*.parquet`` with the same features), both through
@@ -178,6 +178,18 @@ def mc_inputs(tokenizer, image_processor, row: dict) -> dict:
     return encode(tokenizer, image_processor, content, images)
 
 
+def accuracy_table(correct_by_key: dict[str, list[bool]]) -> dict:
+    """``{key: {"accuracy", "items"}}`` in sorted key order, from correctness lists.
+
+    Example:
+        >>> accuracy_table({"b": [True, False], "a": [True]})
+        {'a': {'accuracy': 1.0, 'items': 1}, 'b': {'accuracy': 0.5, 'items': 2}}
+    """
+    return {
+        k: {"accuracy": sum(v) / len(v), "items": len(v)} for k, v in sorted(correct_by_key.items())
+    }
+
+
 def per_category(correct_by_subject: dict[str, list[bool]]) -> dict:
     """``{category: {"accuracy", "items"}}`` from per-subject correctness lists."""
     out = {}
@@ -194,3 +206,51 @@ def set_image_budget(image_processor, cfg) -> None:
         "longest_edge": cfg.image_max_pixels,
         "shortest_edge": cfg.image_min_pixels,
     }
+
+
+def write_record(
+    cfg,
+    *,
+    benchmark: str,
+    task: str,
+    meta,
+    model,
+    correct: dict[str, list[bool]],
+    excluded: int,
+    metrics: dict,
+    predictions: list[dict],
+    started: float,
+) -> dict:
+    """Build an MMMU evaluator's result record, validate it, write it to ``cfg.out``.
+
+    What both evaluators share is set here: zero-shot with the chat template, the split
+    and source of ``cfg``, ``items_scored`` and ``accuracy`` over ``correct`` (per-subject
+    correctness lists, at least one item), ``per_category``, and ``metrics`` followed by
+    ``per_subject`` and ``predictions``. ``metrics`` holds what is the evaluator's own.
+
+    Returns:
+        The record as written.
+    """
+    from eval.results import result_record, write_result
+
+    scored = sum(len(v) for v in correct.values())
+    record = result_record(
+        benchmark,
+        config=cfg,
+        meta=meta,
+        model=model,
+        task=task,
+        split=cfg.split,
+        shots=0,
+        chat_template=True,
+        items_scored=scored,
+        items_excluded=excluded,
+        accuracy=sum(sum(v) for v in correct.values()) / scored,
+        per_category=per_category(correct),
+        metrics=metrics | {"per_subject": accuracy_table(correct), "predictions": predictions},
+        source=cfg.source,
+        local_data=cfg.source != "MMMU/MMMU",
+        started=started,
+    )
+    write_result(record, cfg.out)
+    return record

@@ -105,12 +105,30 @@ def generate(model, tokenizer, inputs: dict, max_new_tokens: int) -> str:
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def answer_row(model, tokenizer, image_processor, row: dict, cfg) -> dict:
+    """Generate ``row``'s answer and score it: ``{"id", "answer", "response", "pred",
+    "correct"}``; ``pred`` None = nothing extracted (counted wrong)."""
+    inputs = {k: v.to(cfg.device) for k, v in gen_inputs(tokenizer, image_processor, row).items()}
+    response = generate(model, tokenizer, inputs, cfg.max_new_tokens)
+    ok, pred = score_response(row, response)
+    return {
+        "id": row["id"],
+        "answer": row["answer"],
+        "response": response,
+        "pred": pred,
+        "correct": ok,
+    }
+
+
 def run(cfg) -> dict:
-    """Generate and score MMMU for ``cfg.checkpoint``; write and return the record."""
+    """Generate and score MMMU for ``cfg.checkpoint``; write and return the record.
+
+    Raises:
+        ValueError: no row was read.
+    """
     from tqdm.auto import tqdm
 
     from eval.checkpoint import load_checkpoint
-    from eval.results import result_record, write_result
 
     started = time.perf_counter()
     model, tokenizer, image_processor, meta = load_checkpoint(
@@ -121,61 +139,32 @@ def run(cfg) -> dict:
     by_type: dict[str, list[bool]] = defaultdict(list)
     unparsed, guess_credit, predictions = 0, 0.0, []
     for subject, row in tqdm(list(mmmu_data.iter_rows(cfg)), desc="MMMU generate", unit="item"):
-        inputs = {
-            k: v.to(cfg.device) for k, v in gen_inputs(tokenizer, image_processor, row).items()
-        }
-        response = generate(model, tokenizer, inputs, cfg.max_new_tokens)
-        ok, pred = score_response(row, response)
-        if pred is None:
+        prediction = answer_row(model, tokenizer, image_processor, row, cfg)
+        if prediction["pred"] is None:  # lm-eval would guess: credit its expected value
             unparsed += 1
             guess_credit += 1 / max(1, len(mmmu_data.options_of(row)))
-        correct[subject].append(ok)
-        by_type[row["question_type"]].append(ok)
-        predictions.append(
-            {
-                "id": row["id"],
-                "answer": row["answer"],
-                "response": response,
-                "pred": pred,
-                "correct": ok,
-            }
-        )
-    scored = len(predictions)
-    if scored == 0:
+        correct[subject].append(prediction["correct"])
+        by_type[row["question_type"]].append(prediction["correct"])
+        predictions.append(prediction)
+    if not predictions:
         raise ValueError(f"No MMMU rows read from {cfg.source}; check --source and --subjects")
     hits = sum(p["correct"] for p in predictions)
-    record = result_record(
-        "mmmu_gen",
-        config=cfg,
+    return mmmu_data.write_record(
+        cfg,
+        benchmark="mmmu_gen",
+        task="mmmu_val_generate",
         meta=meta,
         model=model,
-        task="mmmu_val_generate",
-        split=cfg.split,
-        shots=0,
-        chat_template=True,
-        items_scored=scored,
-        items_excluded=0,
-        accuracy=hits / scored,
-        per_category=mmmu_data.per_category(correct),
+        correct=correct,
+        excluded=0,
         metrics={
             "unparsed": unparsed,
-            "accuracy_with_guessing": (hits + guess_credit) / scored,
-            "per_question_type": {
-                t: {"accuracy": sum(v) / len(v), "items": len(v)}
-                for t, v in sorted(by_type.items())
-            },
-            "per_subject": {
-                s: {"accuracy": sum(v) / len(v), "items": len(v)}
-                for s, v in sorted(correct.items())
-            },
-            "predictions": predictions,
+            "accuracy_with_guessing": (hits + guess_credit) / len(predictions),
+            "per_question_type": mmmu_data.accuracy_table(by_type),
         },
-        source=cfg.source,
-        local_data=cfg.source != "MMMU/MMMU",
+        predictions=predictions,
         started=started,
     )
-    write_result(record, cfg.out)
-    return record
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -64,16 +64,37 @@ def config_kwargs(args: argparse.Namespace) -> dict:
     return vars(args) | {"subjects": tuple(args.subjects)}
 
 
+def score_row(model, tokenizer, image_processor, row: dict, letter_ids: dict, device) -> dict:
+    """One row's prediction record: ``{"id", "answer", "pred", "logprobs"}``.
+
+    ``row`` must have a letter answer (`mmmu_data.answer_letter` not None); ``logprobs``
+    holds the row's valid letters only.
+    """
+    inputs = {
+        k: v.to(device) for k, v in mmmu_data.mc_inputs(tokenizer, image_processor, row).items()
+    }
+    scores = letter_logprobs(model, inputs, letter_ids)
+    valid = mmmu_data.valid_letters(row)
+    return {
+        "id": row["id"],
+        "answer": mmmu_data.answer_letter(row),
+        "pred": predict(scores, valid),
+        "logprobs": {L: scores[L] for L in valid},
+    }
+
+
 def run(cfg, model_and_processors=None) -> dict:
     """Score MMMU-MC for ``cfg.checkpoint``; write and return the record.
 
     ``model_and_processors`` (model, tokenizer, image processor, meta) replaces loading
     the checkpoint, e.g. to score a model whose logits a test has rigged.
+
+    Raises:
+        ValueError: no row with a letter answer was read.
     """
     from tqdm.auto import tqdm
 
     from eval.checkpoint import load_checkpoint
-    from eval.results import result_record, write_result
 
     started = time.perf_counter()
     model, tokenizer, image_processor, meta = model_and_processors or load_checkpoint(
@@ -84,58 +105,29 @@ def run(cfg, model_and_processors=None) -> dict:
     correct: dict[str, list[bool]] = defaultdict(list)
     excluded, predictions = 0, []
     for subject, row in tqdm(list(mmmu_data.iter_rows(cfg)), desc="MMMU-MC", unit="item"):
-        gold = mmmu_data.answer_letter(row)
-        if gold is None:
+        if mmmu_data.answer_letter(row) is None:
             excluded += 1
             continue
-        inputs = {
-            k: v.to(cfg.device)
-            for k, v in mmmu_data.mc_inputs(tokenizer, image_processor, row).items()
-        }
-        scores = letter_logprobs(model, inputs, letter_ids)
-        pred = predict(scores, mmmu_data.valid_letters(row))
-        correct[subject].append(pred == gold)
-        predictions.append(
-            {
-                "id": row["id"],
-                "answer": gold,
-                "pred": pred,
-                "logprobs": {L: scores[L] for L in mmmu_data.valid_letters(row)},
-            }
-        )
-    scored = sum(len(v) for v in correct.values())
-    if scored == 0:
+        prediction = score_row(model, tokenizer, image_processor, row, letter_ids, cfg.device)
+        correct[subject].append(prediction["pred"] == prediction["answer"])
+        predictions.append(prediction)
+    if not predictions:
         raise ValueError(
             f"No MMMU row with a letter answer in {cfg.source} "
             f"({excluded} excluded); check --source, --subjects and --split"
         )
-    record = result_record(
-        "mmmu_mc",
-        config=cfg,
+    return mmmu_data.write_record(
+        cfg,
+        benchmark="mmmu_mc",
+        task="mmmu_mc_likelihood",
         meta=meta,
         model=model,
-        task="mmmu_mc_likelihood",
-        split=cfg.split,
-        shots=0,
-        chat_template=True,
-        items_scored=scored,
-        items_excluded=excluded,
-        accuracy=sum(sum(v) for v in correct.values()) / scored,
-        per_category=mmmu_data.per_category(correct),
-        metrics={
-            "protocol": "MMMU-MC-choice-likelihood-v1",
-            "per_subject": {
-                s: {"accuracy": sum(v) / len(v), "items": len(v)}
-                for s, v in sorted(correct.items())
-            },
-            "predictions": predictions,
-        },
-        source=cfg.source,
-        local_data=cfg.source != "MMMU/MMMU",
+        correct=correct,
+        excluded=excluded,
+        metrics={"protocol": "MMMU-MC-choice-likelihood-v1"},
+        predictions=predictions,
         started=started,
     )
-    write_result(record, cfg.out)
-    return record
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -155,40 +155,15 @@ def validation_loss(
         >>> sorted(out)[:3]  # doctest: +SKIP
         ['batches', 'loss', 'samples']
     """
-    from tqdm.auto import tqdm
-
-    from experiments.data.pixels import decode_batch
-
-    codec = getattr(dataset, "pixel_codec", None)  # uint8 pixels: decoded on the device
     rank, world = _rank_world()
     if device is None:
         device = next(model.parameters()).device
-    shard = list(range(rank, len(dataset), world))
-    groups = plan_batches([_length(dataset, i) for i in shard], token_budget)
-    was_training = model.training
-    model.eval()
-    loss_sum, tokens = 0.0, 0
-    try:
-        for group in tqdm(
-            groups, desc="validation loss", unit="batch", disable=not progress or rank != 0
-        ):
-            batch = _collate([dataset[shard[j]] for j in group], pad_token_id)
-            batch = decode_batch({k: v.to(device) for k, v in batch.items()}, codec)
-            s, n = token_loss_sum(model, batch)
-            loss_sum += s
-            tokens += n
-    finally:
-        model.train(was_training)
-    totals = torch.tensor([loss_sum, tokens, len(shard), len(groups)], dtype=torch.float64)
-    if world > 1:
-        import torch.distributed as dist
-
-        # NCCL reduces only device tensors; Gloo takes CPU ones.
-        on = torch.device(device) if dist.get_backend() == "nccl" else torch.device("cpu")
-        totals = totals.to(on)
-        dist.all_reduce(totals)
-        totals = totals.cpu()
-    loss_sum, n_tokens, n_samples, n_batches = totals.tolist()
+    batches = _shard_batches(dataset, token_budget, rank, world)
+    loss_sum, tokens = _loss_sums(
+        model, dataset, batches, pad_token_id, device, progress=progress and rank == 0
+    )
+    totals = [loss_sum, tokens, sum(len(b) for b in batches), len(batches)]
+    loss_sum, n_tokens, n_samples, n_batches = _sum_over_ranks(totals, device, world)
     return {
         "loss": loss_sum / n_tokens if n_tokens else float("nan"),
         "tokens": int(n_tokens),
@@ -197,6 +172,57 @@ def validation_loss(
         "token_budget": token_budget,
         "world_size": world,
     }
+
+
+def _shard_batches(dataset, token_budget: int, rank: int, world: int) -> list[list[int]]:
+    """This rank's batches: dataset indices of the strided shard ``rank, rank + world,
+    ...``, cut by `plan_batches`; every index of the shard is in exactly one batch."""
+    shard = list(range(rank, len(dataset), world))
+    groups = plan_batches([_length(dataset, i) for i in shard], token_budget)
+    return [[shard[j] for j in group] for group in groups]
+
+
+@torch.no_grad()
+def _loss_sums(
+    model, dataset, batches: list[list[int]], pad_token_id: int, device, progress: bool
+) -> tuple[float, int]:
+    """(sum of token cross-entropies, scored tokens) over ``batches`` of ``dataset``.
+
+    The model runs in eval mode and gets its training mode back afterwards, also when a
+    forward pass raises. uint8 pixels (``dataset.pixel_codec``) are decoded on ``device``.
+    """
+    from tqdm.auto import tqdm
+
+    from experiments.data.pixels import decode_batch
+
+    codec = getattr(dataset, "pixel_codec", None)
+    was_training = model.training
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    try:
+        for batch_ids in tqdm(batches, desc="validation loss", unit="batch", disable=not progress):
+            batch = _collate([dataset[i] for i in batch_ids], pad_token_id)
+            batch = decode_batch({k: v.to(device) for k, v in batch.items()}, codec)
+            s, n = token_loss_sum(model, batch)
+            loss_sum += s
+            tokens += n
+    finally:
+        model.train(was_training)
+    return loss_sum, tokens
+
+
+def _sum_over_ranks(values: list[float], device, world: int) -> list[float]:
+    """``values`` summed over all ranks in float64 (as they are on one rank)."""
+    totals = torch.tensor(values, dtype=torch.float64)
+    if world > 1:
+        import torch.distributed as dist
+
+        # NCCL reduces only device tensors; Gloo takes CPU ones.
+        on = torch.device(device) if dist.get_backend() == "nccl" else torch.device("cpu")
+        totals = totals.to(on)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+    return totals.tolist()
 
 
 def run(cfg) -> dict:

@@ -30,7 +30,8 @@ from odb.integrations import ProgressLR
 from odb.integrations.accelerate import prepare, windows
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line: the training's size and rate, --record, and the checkpoint flags."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--samples", type=int, default=64)
@@ -39,8 +40,11 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="--stop-after saves here, --resume loads")
     parser.add_argument("--stop-after", type=int, help="save a checkpoint after K windows, stop")
     parser.add_argument("--resume", action="store_true", help="start from --checkpoint")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     accelerator = Accelerator(cpu=not torch.cuda.is_available())  # starts the process group
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -54,34 +58,14 @@ def main() -> None:
         lambda done: 1.0 - done,  # linear decay to 0 over the data
         progress=lambda: (epoch + loader.progress()) / args.epochs,
     )
-    rank = accelerator.process_index
     if args.resume:  # after the scheduler: the saved optimizer state holds the next rate
-        state = torch.load(args.checkpoint / "train.pt")
-        accelerator.unwrap_model(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        pieces = [torch.load(path) for path in sorted(args.checkpoint.glob("loader_rank*.pt"))]
-        loader.load_state_dict(pieces)  # every rank's piece, on every rank
-        start = loader.epoch  # the saved epoch, continued where it stopped
+        start = resume(args.checkpoint, accelerator, model, optimizer, loader)
 
     record, stop = [], False
     for epoch in range(start, args.epochs):
         loader.set_epoch(epoch)
         for window in windows(accelerator, model, loader):
-            lr = optimizer.param_groups[0]["lr"]
-            for batch, info in window:  # every micro-step but the last under no_sync
-                loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
-                window.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            scheduler.step()  # the rate for the next window, from the progress reached
-            record.append(
-                {
-                    "ids": [i for info in window.infos for i in info.sample_ids],
-                    "micro": len(window),
-                    "idle": window.idle_steps,
-                    "lr": lr,
-                }
-            )
+            record.append(train_window(window, model, optimizer, scheduler))
             if args.record is not None and len(record) == 1 and accelerator.is_main_process:
                 args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
                 torch.save(accelerator.unwrap_model(model).state_dict(), args.record / "step1.pt")
@@ -98,9 +82,37 @@ def main() -> None:
 
     if args.record is not None:
         args.record.mkdir(parents=True, exist_ok=True)
-        path = args.record / f"rank{rank}.json"
+        path = args.record / f"rank{accelerator.process_index}.json"
         path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
     accelerator.end_training()
+
+
+def train_window(window, model, optimizer, scheduler) -> dict:
+    """One optimizer step over one accumulation window; returns what it trained on and
+    the rate it trained at."""
+    lr = optimizer.param_groups[0]["lr"]
+    for batch, info in window:  # every micro-step but the last under no_sync
+        loss = model(**batch, num_items_in_batch=info.loss_normalizer).loss
+        window.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()  # the rate for the next window, from the progress reached
+    return {
+        "ids": [i for info in window.infos for i in info.sample_ids],
+        "micro": len(window),
+        "idle": window.idle_steps,
+        "lr": lr,
+    }
+
+
+def resume(folder: Path, accelerator: Accelerator, model, optimizer, loader) -> int:
+    """Load what `save` wrote (the loader gets every rank's piece); the epoch to continue."""
+    state = torch.load(folder / "train.pt")
+    accelerator.unwrap_model(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    pieces = [torch.load(path) for path in sorted(folder.glob("loader_rank*.pt"))]
+    loader.load_state_dict(pieces)  # every rank's piece, on every rank
+    return loader.epoch  # the saved epoch, continued where it stopped
 
 
 def save(folder: Path, accelerator: Accelerator, model, optimizer, loader) -> None:

@@ -31,7 +31,8 @@ from odb.integrations import ProgressLR
 from odb.integrations.deepspeed import windows
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line: the training's size and rate, --record, and the checkpoint flags."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--samples", type=int, default=64)
@@ -40,8 +41,11 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="--stop-after saves here, --resume loads")
     parser.add_argument("--stop-after", type=int, help="save a checkpoint after K windows, stop")
     parser.add_argument("--resume", action="store_true", help="start from --checkpoint")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     loader = odb.ODBLoader(
         RandomTokens(args.samples), token_budget=512, num_workers=1, grad_accum_steps=2
@@ -54,38 +58,15 @@ def main() -> None:
         lambda done: 1.0 - done,  # linear decay over the data
         progress=lambda: (epoch + loader.progress()) / args.epochs,
     )
-    config = {
-        "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's bookkeeping; ODB sizes batches
-        "gradient_accumulation_steps": loader.config.grad_accum_steps,
-        "zero_optimization": {"stage": 2},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 2**31 - 1,
-    }
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
-    )
+    engine = build_engine(model, optimizer, scheduler, loader.config.grad_accum_steps)
     if args.resume:
-        engine.load_checkpoint(str(args.checkpoint), tag="stop")  # the rate saved with it
-        pieces = [torch.load(path) for path in sorted(args.checkpoint.glob("loader_rank*.pt"))]
-        loader.load_state_dict(pieces)  # every rank's piece, on every rank
-        start = loader.epoch  # the saved epoch, continued where it stopped
+        start = resume(args.checkpoint, engine, loader)
 
     record, stop = [], False
     for epoch in range(start, args.epochs):
         loader.set_epoch(epoch)
         for window in windows(engine, loader):
-            lr = optimizer.param_groups[0]["lr"]
-            for batch, info in window:
-                loss = engine(**batch, num_items_in_batch=info.loss_normalizer).loss
-                window.backward(loss)  # the window's last one steps optimizer and scheduler
-            record.append(
-                {
-                    "ids": [i for info in window.infos for i in info.sample_ids],
-                    "micro": len(window),
-                    "idle": window.idle_steps,
-                    "lr": lr,
-                }
-            )
+            record.append(train_window(window, engine, optimizer))
             if args.record is not None and len(record) == 1 and dist.get_rank() == 0:
                 args.record.mkdir(parents=True, exist_ok=True)  # for the tests' gradient check
                 torch.save(engine.module.state_dict(), args.record / "step1.pt")
@@ -107,6 +88,45 @@ def main() -> None:
         path = args.record / f"rank{dist.get_rank()}.json"
         path.write_text(json.dumps({"windows": record, "lr_end": optimizer.param_groups[0]["lr"]}))
     dist.destroy_process_group()
+
+
+def build_engine(model, optimizer, scheduler, grad_accum_steps: int):
+    """A ZeRO-2 DeepSpeed engine over ``model``, accumulating ``grad_accum_steps``
+    micro-steps (the loader's) per optimizer step."""
+    config = {
+        "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's bookkeeping; ODB sizes batches
+        "gradient_accumulation_steps": grad_accum_steps,
+        "zero_optimization": {"stage": 2},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    return engine
+
+
+def train_window(window, engine, optimizer) -> dict:
+    """One accumulation window through the engine (its last backward steps the optimizer
+    and the scheduler); returns what it trained on and the rate it trained at."""
+    lr = optimizer.param_groups[0]["lr"]
+    for batch, info in window:
+        loss = engine(**batch, num_items_in_batch=info.loss_normalizer).loss
+        window.backward(loss)  # the window's last one steps optimizer and scheduler
+    return {
+        "ids": [i for info in window.infos for i in info.sample_ids],
+        "micro": len(window),
+        "idle": window.idle_steps,
+        "lr": lr,
+    }
+
+
+def resume(folder: Path, engine, loader) -> int:
+    """Load what `save` wrote (the loader gets every rank's piece); the epoch to continue."""
+    engine.load_checkpoint(str(folder), tag="stop")  # the rate saved with it
+    pieces = [torch.load(path) for path in sorted(folder.glob("loader_rank*.pt"))]
+    loader.load_state_dict(pieces)  # every rank's piece, on every rank
+    return loader.epoch  # the saved epoch, continued where it stopped
 
 
 def save(folder: Path, engine, loader) -> None:

@@ -123,6 +123,106 @@ def _quality_direction(tables: dict[str, dict]) -> list[str]:
     return [head, *lines]
 
 
+def _check_complete(tables: dict[str, dict], allow_partial: bool) -> dict[str, list]:
+    """The missing cells of each table that has some (``{table: [cell, ...]}``).
+
+    Raises:
+        IncompleteGridError: some are missing and ``allow_partial`` is False.
+    """
+    missing = {name: t["missing"] for name, t in tables.items() if t["missing"]}
+    if missing and not allow_partial:
+        raise IncompleteGridError(
+            "the grid is incomplete: "
+            + "; ".join(f"{k}: {len(v)} missing" for k, v in missing.items())
+            + ". Run the missing cells or pass --allow-partial (config allow_partial: true)"
+        )
+    return missing
+
+
+def _header(grid: dict[str, Any], root: Path) -> list[str]:
+    """The title, the scale statement (at CPU-proxy scale: directions only), the hardware,
+    the commits the results were made at and the cell count."""
+    commits, hardware = _results_meta(grid, root)
+    out = ["# ODB reproduction report", ""]
+    if grid["scale"] != "paper":
+        what = grid.get("scale_note") or (
+            "Tiny Qwen3-VL (~1M parameters, random init) on proxy datasets with the paper's "
+            "length statistics, W=2 ranks on CPU."
+        )
+        out += [
+            f"> **Scale: {grid['scale']}.** {what} "
+            "These numbers are **not** the paper's GPU numbers: compare directions, "
+            "never magnitudes. Benchmark scores of this model are pipeline checks.",
+            "",
+        ]
+    else:
+        out += [f"> **Scale: {grid['scale']}** (Qwen3-VL 2B/8B on GPUs).", ""]
+    return out + [
+        f"- Hardware (config): {grid['hardware']}",
+        f"- Hardware (measured by the runs): {'; '.join(sorted(hardware)) or 'n/a'}",
+        f"- Commit(s) the results were made at: {', '.join(sorted(commits)) or 'n/a'}",
+        f"- Cells: {len(grid['cells'])}",
+        "",
+    ]
+
+
+def _missing_section(missing: dict[str, list]) -> list[str]:
+    """The list of missing cells of a partial grid (nothing when the grid is complete)."""
+    if not missing:
+        return []
+    out = ["## Missing cells (partial grid)", ""]
+    out += [f"- {k}: " + ", ".join(f"`{m}`" for m in v) for k, v in missing.items()]
+    return [*out, ""]
+
+
+def _claims_section(tables: dict[str, dict]) -> list[str]:
+    """Our directions against the paper's claims, then the paper's published numbers."""
+    throughput = pd.DataFrame(
+        [
+            {
+                "Dataset": DATASET_LABEL[d],
+                "Setting": s,
+                "Standard samples/s": a,
+                "ODB samples/s": b,
+                "Speedup": f"{c}x",
+            }
+            for d, s, a, b, c in published.THROUGHPUT
+        ]
+    )
+    quality = pd.DataFrame(
+        [
+            {"Dataset": DATASET_LABEL[d], "Setting": s, "Benchmark": b, "ODB": o, "Others": r}
+            for d, s, b, o, r in published.QUALITY
+        ]
+    )
+    return [
+        "## Our results against the paper's claims",
+        "",
+        *_throughput_direction(tables),
+        *_quality_direction(tables),
+        "",
+        "Published numbers (the paper, 8x H20 nodes):",
+        "",
+        throughput.to_markdown(index=False),
+        "",
+        quality.to_markdown(index=False),
+        "",
+    ]
+
+
+def _tables_section(paper_dir: Path) -> list[str]:
+    """Every table's Markdown in ``ORDER``, its figure when there is one, and its maker."""
+    out = ["## Tables and figures", ""]
+    for name in ORDER:
+        out.append((paper_dir / "tables" / f"{name}.md").read_text().rstrip())
+        out.append("")
+        figure = paper_dir / "figures" / f"{name}.png"
+        if figure.exists():
+            out += [f"![{name}](figures/{name}.png)", ""]
+        out += [f"LaTeX: `tables/{name}.tex`. Made by `python -m paper.{name}`.", ""]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", type=Path, required=True)
@@ -133,81 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     grid = json.loads(args.grid.read_text())
     tables = {name: _load(args.paper_dir, name) for name in ORDER}
-    missing = {name: t["missing"] for name, t in tables.items() if t["missing"]}
-    if missing and not args.allow_partial:
-        raise IncompleteGridError(
-            "the grid is incomplete: "
-            + "; ".join(f"{k}: {len(v)} missing" for k, v in missing.items())
-            + ". Run the missing cells or pass --allow-partial (config allow_partial: true)"
-        )
-    commits, hardware = _results_meta(grid, args.root)
-    cpu = grid["scale"] != "paper"
-    out = ["# ODB reproduction report", ""]
-    if cpu:
-        what = grid.get("scale_note") or (
-            "Tiny Qwen3-VL (~1M parameters, random init) on proxy datasets with the paper's "
-            "length statistics, W=2 ranks on CPU.")
-        out += [
-            f"> **Scale: {grid['scale']}.** {what} "
-            "These numbers are **not** the paper's GPU numbers: compare directions, "
-            "never magnitudes. Benchmark scores of this model are pipeline checks.",
-            "",
-        ]
-    else:
-        out += [f"> **Scale: {grid['scale']}** (Qwen3-VL 2B/8B on GPUs).", ""]
-    out += [
-        f"- Hardware (config): {grid['hardware']}",
-        f"- Hardware (measured by the runs): {'; '.join(sorted(hardware)) or 'n/a'}",
-        f"- Commit(s) the results were made at: {', '.join(sorted(commits)) or 'n/a'}",
-        f"- Cells: {len(grid['cells'])}",
-        "",
-    ]
-    if missing:
-        out += ["## Missing cells (partial grid)", ""]
-        out += [f"- {k}: " + ", ".join(f"`{m}`" for m in v) for k, v in missing.items()]
-        out.append("")
-    out += [
-        "## Our results against the paper's claims",
-        "",
-        *_throughput_direction(tables),
-        *_quality_direction(tables),
-        "",
-        "Published numbers (the paper, 8x H20 nodes):",
-        "",
-        pd.DataFrame(
-            [
-                {
-                    "Dataset": DATASET_LABEL[d],
-                    "Setting": s,
-                    "Standard samples/s": a,
-                    "ODB samples/s": b,
-                    "Speedup": f"{c}x",
-                }
-                for d, s, a, b, c in published.THROUGHPUT
-            ]
-        ).to_markdown(index=False),
-        "",
-        pd.DataFrame(
-            [
-                {"Dataset": DATASET_LABEL[d], "Setting": s, "Benchmark": b, "ODB": o, "Others": r}
-                for d, s, b, o, r in published.QUALITY
-            ]
-        ).to_markdown(index=False),
-        "",
-    ]
-    out += ["## Tables and figures", ""]
-    for name in ORDER:
-        out.append((args.paper_dir / "tables" / f"{name}.md").read_text().rstrip())
-        out.append("")
-        figure = args.paper_dir / "figures" / f"{name}.png"
-        if figure.exists():
-            out += [f"![{name}](figures/{name}.png)", ""]
-        out += [f"LaTeX: `tables/{name}.tex`. Made by `python -m paper.{name}`.", ""]
-    labels = ", ".join(METHOD_LABEL.values())
-    out += [
+    missing = _check_complete(tables, args.allow_partial)
+    out = [
+        *_header(grid, args.root),
+        *_missing_section(missing),
+        *_claims_section(tables),
+        *_tables_section(args.paper_dir),
         "---",
-        f"Methods: {labels}. Every number above comes from one `paper/` script "
-        "reading result JSON; none is edited by hand.",
+        f"Methods: {', '.join(METHOD_LABEL.values())}. Every number above comes from one "
+        "`paper/` script reading result JSON; none is edited by hand.",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(out) + "\n")
