@@ -148,9 +148,9 @@ class TreeMemorySampler:
       ``smaps_interval_s`` (0, the default: never; the figures are then None). Reading
       them walks every page table of every process (``/proc/PID/smaps``): every 50 ms
       that took a quarter of a 2-core machine, and every 2 s still 3%, a cost that
-      grows with the memory mapped, so it slows the loader that maps more (session 13,
-      ``docs/benchmarks.md`` 10.9). They also miss shared memory no process has touched
-      since mapping it.
+      grows with the memory mapped, so it slows the loader that maps more (a34438c,
+      ``docs/benchmarks.md``, "The memory sampler"). They also miss shared memory no
+      process has touched since mapping it.
 
     Sampling misses peaks shorter than the interval; the result says it was sampled.
 

@@ -29,8 +29,8 @@ import torch
 from odb._process.batch_pool import batches_cross_processes, own_pool
 
 # A field of at least this many bytes is built in shared memory where the batch crosses
-# processes; smaller ones travel as bytes (the worker hand-off's threshold, measured in
-# odb._process.pickling).
+# processes; smaller ones travel as bytes (the worker hand-off's threshold,
+# odb._process.pickling._INLINE_MAX_BYTES).
 SHARED_MIN_BYTES = 256 * 1024
 
 

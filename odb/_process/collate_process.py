@@ -170,8 +170,9 @@ def _skip_teardown() -> None:
 
     Registered last, so it is the first exit hook to run: after multiprocessing's own
     exit work (finalizers, joining children, flushing std streams), and instead of
-    tearing down the interpreter, which took 0.3-0.5 s per epoch with torch loaded. A
-    forked child (every DataLoader worker) ends the same way.
+    tearing down the interpreter, which is slow with torch loaded (``docs/benchmarks.md``,
+    "Hand-off design figures"). A forked child (every DataLoader worker) ends the same
+    way.
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -120,8 +120,8 @@ def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
     """How the DataLoader workers start; a fork is always the checked one.
 
     A spawned collate process inherits the spawn start method, so without this its
-    workers would each pay a fresh interpreter and torch import per epoch (measured:
-    startup 3.4 s -> 1.4 s, docs/benchmarks.md): a collate *process* forks them where
+    workers would each pay a fresh interpreter and torch import per epoch (figures:
+    docs/benchmarks.md, "Hand-off design figures"): a collate *process* forks them where
     the platform can. The collate side starts its workers before it builds the
     alignment group, so no Gloo thread or socket of its own is forked (a forked collate
     process has let go of the trainer's, ``leave_trainer``). In thread mode the workers

@@ -5,8 +5,8 @@ fixed) can deadlock a forked child before it runs a single Python statement: if 
 thread of the parent held the runtime's thread-state lock at the fork, the child waits
 for it forever in ``PyOS_AfterFork_Child`` (CPython gh-112275). A trainer runs such
 threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's forks of its
-collate process and of DataLoader workers hit it, measured at about one fork in a few
-hundred on Python 3.11.7 (``docs/reliability.md``).
+collate process and of DataLoader workers can hit it (how often the soak met it:
+``docs/reliability.md``, "Soak").
 
 :func:`checked_fork_context` is a ``fork`` multiprocessing context whose children
 report, as their first statement, that they survived the fork. A child that has not

@@ -7,9 +7,9 @@ storage as ``(block, offset, nbytes)``. The trainer maps a block once and rebuil
 storage as a view of it, without a copy. A block stays leased to the trainer while any
 tensor over it lives there; when the last one is freed its id goes back to the collate
 process, which reuses the block. So a consumer may keep a batch as long as it likes
-(the pool then grows), and a block's pages are touched once, not per batch: building a
-56 MB batch in fresh memory took 40 ms here (page faults and zeroing), in a reused
-block 8 ms (``docs/benchmarks.md`` section 10).
+(the pool then grows), and a block's pages are touched once, not per batch, since page
+faults and zeroing dominate building a big batch in fresh memory (figures:
+``docs/benchmarks.md``, "Hand-off design figures").
 
 A tensor that is neither plain nor on the CPU, and a storage already in shared memory
 from elsewhere (a sample's field passed through from a DataLoader worker), travel with
@@ -227,8 +227,9 @@ _REST = -1
 def _copy(source: np.ndarray, target: np.ndarray) -> None:
     """Copy bytes with a plain memcpy on this thread.
 
-    torch's ``clone`` of a ~64 KiB ``uint8`` slice measured ~2 ms per call on two busy
-    cores (presumably its intra-op thread pool); numpy's copy takes microseconds.
+    Not torch's ``clone``, which is much slower for small slices on busy cores
+    (presumably its intra-op thread pool; ``docs/benchmarks.md``, "Hand-off design
+    figures").
     """
     np.copyto(target, source, casting="no")
 

@@ -20,8 +20,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 # A storage up to this size travels from a worker inside the pickled item; a larger one
-# through torch's shared memory. Measured (2 workers, one int64 tensor per item): bytes
-# are 3x faster at 16 KiB and 1.5x at 256 KiB, shared memory 1.3x faster at 1 MiB.
+# through torch's shared memory. Below it bytes are faster than a segment and a
+# descriptor handshake each; well above it shared memory is (docs/benchmarks.md,
+# "Hand-off design figures").
 _INLINE_MAX_BYTES = 256 * 1024
 
 

@@ -207,6 +207,11 @@ def _unknown_options(unknown: list[str], fields: list[str], owner: str) -> str:
 class ODBConfig(LoaderConfig):
     """Settings of one ODB loader: the shared :class:`LoaderConfig` fields and these.
 
+    What each field bounds is stated here; why the defaults are what they are, with
+    the measurements, is in ``docs/benchmarks.md`` (grouping, "The window ramp", "The
+    byte cap") and ``docs/reliability.md`` (start methods, timeouts); the symbols of
+    ``docs/protocol.md`` are given in brackets.
+
     Attributes:
         cost_model: ``"padded"`` (``max_len * n``, what a padded batch costs) or
             ``"packed"`` (``sum(len)``, for a varlen/packed model path).
@@ -214,32 +219,22 @@ class ODBConfig(LoaderConfig):
         join: True: every rank takes part until every rank is exhausted (identity
             coverage). False: the epoch ends when the first rank runs dry; what is left
             is carried into the next epoch (quota closure).
-        window_budgets: Size of the grouping window, in budgets' worth of tokens: the
-            collate side keeps reading until its buffer holds this many budgets of tokens.
-        initial_window_budgets: The window's size in an epoch's first round, in budgets;
-            it doubles every round up to ``window_budgets`` (round ``k`` reads up to
-            ``min(window_budgets, initial_window_budgets * 2**k)`` budgets), and while
-            it grows each round emits one step. A small first window gets the first
-            batch out after a few samples instead of a whole window's worth (the
-            epoch-start stall, ``stats()['first_emit_s']``), at a small cost in padding
-            (``docs/benchmarks.md``, "Window ramp"). Set it to ``window_budgets`` to
-            read the whole window before the first round.
-        window_bytes: Most bytes of sample data (tensors and arrays) the window holds
-            before it stops reading, like ``buffer_size`` for samples: the window holds
-            at most this plus one sample, whatever the image sizes. The default, 4 GiB,
-            holds about 2400 images of 768x768 as one-frame uint8 ``pixel_values``
-            (~1.8 MB each, what ``experiments.data.pipeline`` emits) or 150 samples at
-            ShareGPT4o's pixel budget (up to ~28 MB each); an eighth of that for the
-            image processor's own float32 pixels. It
-            was 1 GiB; measured on the real pipeline (``bench/real_pipeline.py``,
-            MM-Mix), 1 GiB cost 0.03 padding efficiency and 4 GiB 0.005
-            (``docs/benchmarks.md``). Lower it on hosts with many ranks and little RAM.
-            Counted in it: the batches emitted and not yet freed by the trainer (up to
-            ``queue_depth`` waiting, plus those the trainer keeps); when they fill it the
-            window reads one sample at a time. Not counted: the DataLoader workers'
-            prefetched samples.
-        buffer_size: Hard cap on buffered samples per rank (memory bound).
-        queue_depth: Aligned steps that may wait for the trainer (the output queue).
+        window_budgets: Size of the grouping window in budgets' worth of tokens
+            (``K``): the collate side reads until its window holds this many.
+        initial_window_budgets: The window's size in an epoch's first round (``K0``);
+            round ``k`` reads up to ``min(window_budgets, initial_window_budgets *
+            2**k)`` budgets, and while the window grows each round emits one step.
+            Equal to ``window_budgets``: the whole window is read before the first
+            round.
+        window_bytes: Most bytes of sample data (tensors and arrays) the window and the
+            batches the trainer has not freed yet hold together (``M``); at the cap the
+            window reads one sample at a time, so it holds at most this plus one
+            sample. The DataLoader workers' prefetched samples are not counted. Lower
+            it on hosts with many ranks and little RAM.
+        buffer_size: Most samples the window holds per rank, samples read ahead
+            included (``B``).
+        queue_depth: Aligned steps that may wait for the trainer (the output queue,
+            ``Q``).
         max_round_steps: The most steps one alignment round may emit (``T <= this``);
             None: ``queue_depth``. At most ``queue_depth``.
         age_limit: Rounds after which a waiting sample is emitted before fuller groups.
@@ -247,22 +242,15 @@ class ODBConfig(LoaderConfig):
             counted in the metrics) or ``"error"`` (raise).
         collate_mode: ``"process"`` (a dedicated collate process per rank) or
             ``"thread"`` (a thread in the trainer process; for debugging).
-        collate_start_method: How a collate process starts. None (default): ``"fork"``
-            on Linux, ``"spawn"`` elsewhere (:attr:`collate_start`). Forked, the collate
-            process has the trainer's imports and dataset already, so its first batch
-            comes within the window ramp (measured: 0.15-2.5 s instead of 5-9 s on the
-            real pipeline, ``docs/benchmarks.md`` 10.4); it lets go of every socket it
-            inherited (its connection to torch's shared-memory manager, with the
-            ``file_system`` sharing strategy, becomes its own), runs torch on one
-            thread and leaves the trainer's signal
-            handlers behind (but torch's DataLoader SIGCHLD handler), as a fresh
-            process would, and a fork the interpreter deadlocks (CPython gh-112275,
-            before 3.11.10) is retried (:mod:`odb._process.forking`). Like a forked DataLoader
-            worker it must not use CUDA: a ``collate_fn`` or ``length_fn`` that does
-            needs ``"spawn"``. ``"spawn"`` / ``"forkserver"``: a fresh interpreter that
-            imports torch and unpickles the dataset, ``collate_fn`` and ``length_fn``
-            (seconds with a transformers processor); they must then be picklable, and
-            the training script needs an ``if __name__ == "__main__":`` guard.
+        collate_start_method: How a collate process starts; None: ``"fork"`` on Linux,
+            ``"spawn"`` elsewhere (:attr:`collate_start`). ``"fork"``: it inherits the
+            trainer's imports and parts, lets go of the trainer's sockets and signal
+            handlers, runs torch on one thread, is retried if the interpreter deadlocks
+            the fork (:mod:`odb._process.forking`), and must not use CUDA (what it keeps
+            and resets: ``docs/reliability.md``).
+            ``"spawn"`` / ``"forkserver"``: the dataset, ``collate_fn`` and
+            ``length_fn`` must be picklable and the training script needs an
+            ``if __name__ == "__main__":`` guard.
         shard: Who decides which samples a rank reads. ``"odb"``: every rank holds the
             same dataset (or global sampler) and ODB deals it. ``"rank"``: each rank's
             dataset or sampler is already its own (pre-sharded data, a
@@ -270,7 +258,8 @@ class ODBConfig(LoaderConfig):
             ``"worker"`` / ``"rank_worker"`` (streams): the stream splits itself over
             DataLoader workers / over ranks and workers. ``"auto"``: what the data
             declares, else ``"odb"`` for a map-style dataset without a sampler (sizes
-            and orders are compared across ranks), else an error that asks.
+            and orders are compared across ranks), else an error that asks
+            (``docs/resume.md``, "Who shards").
         worker_start_method: How DataLoader workers start (``multiprocessing_context``);
             None: forked from a collate process where the platform can, else the
             trainer's start method.
@@ -348,7 +337,7 @@ class ODBConfig(LoaderConfig):
         """How a collate process starts: ``collate_start_method``, else fork on Linux.
 
         Elsewhere the platform's own default, spawn (macOS's system libraries are not
-        fork-safe). The soak that made fork the default: ``docs/reliability.md``, "Soak".
+        fork-safe). Why fork is the default on Linux: ``docs/reliability.md``, "Soak".
         """
         if self.collate_start_method is not None:
             return self.collate_start_method

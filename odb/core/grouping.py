@@ -229,10 +229,9 @@ def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int)
     groups likewise. Ties go to the group with the smallest key. Real tokens, not padded
     cost: a group of short samples always looks full by padded cost, so ordering by cost
     keeps emitting short groups while long samples wait until they are overdue and clog
-    the window (measured: W=1 padding efficiency 0.969 -> 0.979 on the ShareGPT4o-shaped
-    lengths, docs/benchmarks.md). Emitting the first ``k``
-    groups each round bounds every item's wait: if at most ``k`` items arrive per round,
-    no item waits more than ``age_limit`` rounds.
+    the window (the padding it costs: docs/benchmarks.md, "Emission order"). Emitting
+    the first ``k`` groups each round bounds every item's wait: if at most ``k`` items
+    arrive per round, no item waits more than ``age_limit`` rounds.
 
     Invariants: the result is a permutation of ``groups``, and it does not depend on the
     input order, so every rank computing it on the same groups gets the same order.

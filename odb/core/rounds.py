@@ -196,7 +196,7 @@ def window_budgets_in_round(config: ODBConfig, round_index: int) -> int:
     groups a small window, so the epoch's first steps leave after a few reads instead
     of a whole window's; the window doubles every round, so after
     ``log2(window_budgets / initial_window_budgets)`` rounds it is full size and the
-    grouping is today's. Every rank counts the same rounds, and the read target only
+    grouping is that of a full window. Every rank counts the same rounds, and the read target only
     decides what a rank reports, never how the gathered reports are planned.
 
     Example:
