@@ -336,7 +336,7 @@ def _run_chunk(
             failures.append(dict(seed=s, kind="hang" if hung else "crash", message=single[-2000:]))
         else:
             _record(totals, failures, s, single[0], quick)
-    if not any(f["seed"] in chunk for f in failures):
+    if not any(f.get("seed") in chunk for f in failures):  # batch-only entries have seeds
         failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
 
 
