@@ -1,6 +1,7 @@
 # Two entry points, both idempotent on a fresh machine (see README "Quickstart"):
 #   make reproduce   set up, then run the main job through snakemake (default profile)
-#   make test        set up, then run the test suite
+#   make test        set up, then run the test suite (the 15 slowest tests reported)
+#   make test-quick  the inner loop: tests that start no rank processes and are not slow
 # and the paper-path rehearsal (root: it starts a local two-node Slurm cluster):
 #   make rehearse    snakemake --profile slurm on the paper grid's settings, to the report
 # Set-up reinstalls only when pyproject.toml or the pins are newer than the install stamp.
@@ -15,7 +16,7 @@ TORCH  := $(shell grep -E '^torch==' $(PINS))
 # experiments, eval, paper, bench) run from the repository root and are not installed.
 ROOT_PTH := odb-artifact-root.pth
 
-.PHONY: test reproduce rehearse setup
+.PHONY: test test-quick reproduce rehearse setup
 
 setup: $(STAMP)
 
@@ -35,7 +36,11 @@ $(STAMP): pyproject.toml $(PINS) | $(PY)
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+# Markers in pyproject.toml: dist (spawns processes), slow, slurm. docs/testing.md.
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not dist and not slow and not slurm" --durations=10
 
 # PATH puts the venv first so rules' `python -m ...` lines use this environment; the CPU
 # path never touches a hub.

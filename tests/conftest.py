@@ -1,4 +1,5 @@
-"""Suite-wide settings: no hub access, and `gpu` tests skipped without CUDA."""
+"""Suite-wide settings: no hub access, a fixed Hypothesis profile, and `gpu` tests
+skipped without CUDA."""
 
 import os
 
@@ -9,6 +10,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# A clean clone has no `.hypothesis/` example database, so a randomized run would never
+# replay a failure another run found. The default `ci` profile derandomizes: every run
+# draws the same examples, so a failure found once fails every time until fixed, and
+# no deadline (a loaded 2-core machine is not a property's failure).
+# HYPOTHESIS_PROFILE=explore draws new examples (and keeps a local database).
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch.distributed
 
 # After the first failing rank, peers blocked in a collective cannot finish on their own;
 # give healthy peers this long to exit before they are treated as hung and killed.
@@ -92,9 +93,14 @@ def _rank_main(
     try:
         import torch.distributed as dist
 
+        # The store is the parent's (run_ranks holds its port from bind to the end), so
+        # no other process can take the port between choosing it and the ranks joining.
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=pg_timeout_s)
+        )
         dist.init_process_group(
             backend,
-            init_method=f"tcp://127.0.0.1:{port}",
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=pg_timeout_s),
@@ -222,7 +228,13 @@ def run_ranks(
         raise ValueError(f"Invalid world_size {world_size}, it should be at least 1")
     ctx = mp.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="run_ranks-")
-    port = free_port()
+    # The ranks' rendezvous store, bound here on a port the OS picks and held until the
+    # ranks are gone (a port found free and released could be taken before they bind).
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=timeout + _GLOO_TIMEOUT_MARGIN_S),
+    )
+    port = store.port
     procs = []
     try:
         for rank in range(world_size):

@@ -38,7 +38,9 @@ class Counters:
     ``samples`` is global (all ranks, from the step info); ``real_tokens``,
     ``padded_tokens``, ``idle_steps`` and ``data_wait_s`` are this rank's (the run sums
     the first three over the ranks at the end). Tokens are counted from the batches
-    themselves, so every loader is measured the same way.
+    themselves, so every loader is measured the same way. ``epoch_timings`` holds one
+    throughput measurement per epoch that ran whole in one segment (``epoch``,
+    ``wall_s``, ``samples``, ``steps``; rank 0's clock).
     """
 
     epoch: int = 0
@@ -52,6 +54,7 @@ class Counters:
     data_wait_s: float = 0.0
     loss_curve: list[dict[str, float]] = field(default_factory=list)
     segments: int = 0
+    epoch_timings: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,14 +135,22 @@ class TrainLoop:
             self.dataset.set_epoch(epoch)
         self.loader.set_epoch(epoch)
         windows = self.strategy.windows(self.loader)
+        started, samples, steps = time.perf_counter(), self.c.samples, self.c.loader_steps
+        first, cut = None, False  # the progress the epoch started from; the step limit hit
         try:
             for window in windows:
+                first = window.progress if first is None else first
                 self._advance((epoch + window.progress) / self.epochs)
                 self._train_window(window)
                 if self._step_limit():
+                    cut = True
                     break
         finally:
             windows.close()  # stop the loader's workers if the step limit cut the epoch short
+        if first == 0.0 and not cut:  # the whole epoch ran in this segment: one measurement
+            self.c.epoch_timings.append({
+                "epoch": epoch, "wall_s": round(time.perf_counter() - started, 4),
+                "samples": self.c.samples - samples, "steps": self.c.loader_steps - steps})
 
     def _advance(self, fraction: float) -> None:
         """Move the schedule to ``fraction`` of training: the next window's rate."""

@@ -73,6 +73,7 @@ def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
     assert 0 < saved["train_wall_s"] < result["train_wall_s"]  # both segments' time counts
     assert _emitted(tmp_path) == list(range(64)), "a sample lost or seen twice"
     assert result["emitted_samples"] == 64
+    assert result["epoch_timings"] == []  # the epoch straddles the kill: no measurement
     if method == "standard":
         assert result["steps"] == STANDARD_STEPS
     curve = [p["step"] for p in result["loss_curve"]]
@@ -128,5 +129,10 @@ def test_resume_from_an_epochs_last_window_starts_the_next_epoch(
     assert _emitted(tmp_path / "whole") == sorted(list(range(64)) * 2)
     assert result["emitted_samples"] == whole["emitted_samples"] == 128
     assert result["optimizer_steps"] == whole["optimizer_steps"]
+    # One throughput measurement per epoch run whole in one segment: both epochs of the
+    # uninterrupted run; only epoch 1 of the resumed one (epoch 0 straddles the resume).
+    assert [(t["epoch"], t["samples"]) for t in whole["epoch_timings"]] == [(0, 64), (1, 64)]
+    assert [(t["epoch"], t["samples"]) for t in result["epoch_timings"]] == [(1, 64)]
+    assert sum(t["steps"] for t in whole["epoch_timings"]) == whole["steps"]
     final = json.loads((tmp_path / "whole" / "final" / "trainer_state.json").read_text())
     assert final["schedule"]["fraction"] == 1.0

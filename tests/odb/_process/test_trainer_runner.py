@@ -115,6 +115,23 @@ def _wchan(pid: int, task: str) -> str:
         return f.read()
 
 
+def _wchan_names_waits() -> bool:
+    """Whether ``wchan`` names the kernel function a sleeping task waits in (some kernels
+    and containers show ``0`` to everyone)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            wait = _wchan(child.pid, str(child.pid)).strip()
+            if wait not in ("", "0"):
+                return True
+            time.sleep(0.1)
+        return False
+    finally:
+        child.kill()
+        child.wait()
+
+
 def _check_batch(batch: dict[str, Any], info: StepInfo) -> None:
     for row, index in enumerate(info.sample_ids):
         width = index % 7 + 2
@@ -249,6 +266,8 @@ def test_a_worker_killed_mid_write_is_named() -> None:
     batches = iter(loader)
     next(batches)
     victim = _writing_worker()
+    if victim is None and not _wchan_names_waits():
+        pytest.skip("this kernel hides /proc/<pid>/wchan: a blocked writer cannot be found")
     assert victim is not None, "no worker blocked in a pipe write"
     victim.kill()
     with pytest.raises(RuntimeError, match="DataLoader worker"):
