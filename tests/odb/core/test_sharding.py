@@ -19,7 +19,7 @@ from odb.core.sharding import SourceFacts, check_meet, meet_row, resolve_shard
 from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
-OPTIONS = dict(token_budget=256, window_budgets=2, queue_depth=2, collate_mode="thread")
+OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, collate_mode="thread")
 OPTIONS["align_timeout_s"] = 60.0
 
 
