@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from odb._process.collate_sources import is_stream
 from odb._process.comm import open_rendezvous
 from odb._process.messages import CollateSpec, EpochJob
-from odb._process.trainer_runner import CollateRunner, IdleRunner
+from odb._process.trainer_runner import CollateRunner, RunnerKeeper
 from odb._process.trainer_startup import check_startable
 from odb.collate import PadCollate, TensorParts
 from odb.core.checks import check_callables, check_epoch
@@ -117,8 +117,8 @@ class ODBLoader:
         self._iterations = 0
         self._last_stats: dict[str, float | int] = {}
         # One collate side for all epochs; it ends with the loader (or the interpreter).
-        self._runners = IdleRunner(self._spec, self.config, self.rank)
-        weakref.finalize(self, self._runners.close)
+        self._runner_keeper = RunnerKeeper(self._spec, self.config, self.rank)
+        weakref.finalize(self, self._runner_keeper.close)
 
     @property
     def epoch(self) -> int:
@@ -246,16 +246,16 @@ class ODBLoader:
         processor). Call it on every rank, after construction. Nothing else changes: an
         error of the start-up surfaces at ``iter()``, as without it.
         """
-        self._runners.start(self._rendezvous)
+        self._runner_keeper.start(self._rendezvous)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         job = self._stream_job() if self._stream else self._map_job()
         self._iterations += 1
-        runner = self._runners.take(self._rendezvous)
+        runner = self._runner_keeper.take(self._rendezvous)
         try:
             runner.begin(job, f"odb/iter{self._iterations}/")
         except BaseException:
-            self._runners.give_back(runner)
+            self._runner_keeper.give_back(runner)
             raise
         return self._drive(runner)
 
@@ -310,7 +310,7 @@ class ODBLoader:
         finally:
             # Kept for the next epoch only after a clean end; closed after an error or
             # a break (an abandoned epoch is never resumed by a later iter()).
-            self._runners.give_back(runner)
+            self._runner_keeper.give_back(runner)
         result = runner.result
         assert result is not None
         self._ledger.finish(result.carry, result.carried_samples)
