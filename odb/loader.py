@@ -32,7 +32,7 @@ from odb.core.detect import declared_shard
 from odb.core.ledger import Ledger
 from odb.core.progress import EpochProgress
 from odb.core.resume import parse_pieces
-from odb.core.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
+from odb.core.sharding import SourceFacts, epoch_order, resolve_shard, source_row
 from odb.core.step_info import STEP_INFO_KEY
 from odb.core.steps import SampleMeter
 
@@ -263,8 +263,8 @@ class ODBLoader:
         order = self._epoch_order(self.epoch)
         view = self._ledger.begin_map(order)
         self._progress.begin(len(order), self._ledger.restored_consumed)
-        meet = meet_row(self._shard, len(self.dataset), order) if self.world_size > 1 else []
-        return self._job(view, meet=meet)
+        row = source_row(self._shard, len(self.dataset), order) if self.world_size > 1 else []
+        return self._job(view, source_row=row)
 
     def _job(self, view: list[int] | None, **fields: Any) -> EpochJob:
         return EpochJob(
@@ -289,8 +289,8 @@ class ODBLoader:
     def _stream_job(self) -> EpochJob:
         skip, carried = self._ledger.begin_stream()
         self._progress.begin(0)  # a stream's length is unknown until it ends
-        meet = meet_row(self._shard, None, None) if self.world_size > 1 else []
-        return self._job(None, skip=skip, carried=carried, meet=meet)
+        row = source_row(self._shard, None, None) if self.world_size > 1 else []
+        return self._job(None, skip=skip, carried=carried, source_row=row)
 
     def _drive(self, runner: CollateRunner) -> Iterator[dict[str, Any]]:
         wait_s = 0.0

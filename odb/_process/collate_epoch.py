@@ -3,8 +3,8 @@
 One call of :func:`run_epoch` is one rank's epoch. It is the same code in the collate
 process and in thread mode; only ``emit`` (the queue to the trainer) and the sample
 iterator differ. Before the first round the ranks check that they agree on their
-source (:func:`odb.core.sharding.check_meet`). Each round (:mod:`odb.core.lockstep` is the round,
-without the transport):
+source (:func:`odb.core.sharding.check_source_rows`). Each round
+(:mod:`odb.core.lockstep` is the round, without the transport):
 
 1. read samples into the buffer until it holds the round's share of the buffer (small
    in the epoch's first round, so the first batch is out after a few reads; doubling
@@ -38,7 +38,7 @@ from odb.core.lockstep import LockstepRank, RoundCounts
 from odb.core.loss import AccumulationNormalizer
 from odb.core.metrics import EpochMetrics
 from odb.core.rounds import RankRounds, RoundOutcome
-from odb.core.sharding import check_meet
+from odb.core.sharding import check_source_rows
 from odb.core.steps import SampleMeter, SampleReader, Step, StepBuilder, attach_step_info
 
 
@@ -120,8 +120,8 @@ def _check_sources(job: EpochJob, group: AlignmentGroup) -> int:
     (same sharding; with ODB dealing, the same dataset size and epoch order), so a
     mismatch that would lose samples is an error on every rank, not a silent loss.
     """
-    rows = group.gather_meet(job.meet) if job.meet else []
-    epoch_samples = check_meet(rows) if rows else None
+    rows = group.gather_source_rows(job.source_row) if job.source_row else []
+    epoch_samples = check_source_rows(rows) if rows else None
     return epoch_samples if epoch_samples is not None else 0
 
 

@@ -38,8 +38,8 @@ class EpochJob:
     skip: frozenset[int] = frozenset()
     carried: list[tuple[int, Any]] = field(default_factory=list)
     shard: str = "odb"
-    # This rank's row of the epoch's cross-rank source check (odb.core.sharding.meet_row).
-    meet: list[int] = field(default_factory=list)
+    # This rank's row of the epoch's cross-rank source check (odb.core.sharding.source_row).
+    source_row: list[int] = field(default_factory=list)
 
 
 @dataclass
