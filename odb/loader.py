@@ -242,7 +242,7 @@ class ODBLoader:
         In process mode its start-up then runs while the trainer builds its model,
         instead of delaying the first batch: a fork, and the DataLoader workers' first
         samples; with ``collate_start_method="spawn"`` also importing torch and what the
-        dataset needs and unpickling the user's parts (seconds with a transformers
+        dataset needs and unpickling the user's collate spec (seconds with a transformers
         processor). Call it on every rank, after construction. Nothing else changes: an
         error of the start-up surfaces at ``iter()``, as without it.
         """

@@ -268,7 +268,7 @@ class ODBConfig(LoaderConfig):
             ``"thread"`` (a thread in the trainer process; for debugging).
         collate_start_method: How a collate process starts; None: ``"fork"`` on Linux,
             ``"spawn"`` elsewhere (:attr:`collate_start`). ``"fork"``: it inherits the
-            trainer's imports and parts, lets go of the trainer's sockets and signal
+            trainer's imports and collate spec, lets go of the trainer's sockets and signal
             handlers, runs torch on one thread, is retried if the interpreter deadlocks
             the fork (:mod:`odb._process.forking`), and must not use CUDA (what it keeps
             and resets: ``docs/reliability.md``).
