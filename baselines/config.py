@@ -3,8 +3,9 @@
 One dataclass for all five methods keeps the train entry point method-agnostic: a recipe
 passes the same options to any method, and a method refuses the options that mean
 nothing to it (``batch_size`` for a token-budgeted method) instead of ignoring them.
-The fields every loader shares (budget, window, seed, workers, label accounting,
-timeouts) are :class:`odb.kit.LoaderConfig`'s, declared and validated there once.
+The fields every loader shares (budget, accumulation window, seed, workers, label
+accounting, timeouts) are :class:`odb.kit.LoaderConfig`'s, declared and validated there
+once.
 Pure: imports neither torch.distributed nor multiprocessing.
 """
 

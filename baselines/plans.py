@@ -56,9 +56,10 @@ __all__ = [
     "deal_steps",
 ]
 
-Step = tuple[int, ...]
-Plan = list[list[Step]]
-"""One list of steps per rank, all of the same length; ``()`` is an IDLE step."""
+StepIds = tuple[int, ...]
+"""The sample indices of one rank's step; ``()`` is an IDLE step."""
+Plan = list[list[StepIds]]
+"""One list of steps per rank, all of the same length."""
 
 
 def _permutation(n: int, seed: int) -> list[int]:
@@ -71,7 +72,7 @@ def _shuffled(units: list, seed: int, shuffle: bool) -> list:
     return [units[i] for i in _permutation(len(units), seed)] if shuffle else list(units)
 
 
-def deal(groups: Sequence[Step], world_size: int) -> Plan:
+def deal(groups: Sequence[StepIds], world_size: int) -> Plan:
     """Deals groups round-robin (group ``j`` to rank ``j % W``), IDLE-padding the tail.
 
     Example:
@@ -83,7 +84,7 @@ def deal(groups: Sequence[Step], world_size: int) -> Plan:
     return deal_steps(steps, world_size)
 
 
-def deal_steps(steps: Sequence[Sequence[Step]], world_size: int) -> Plan:
+def deal_steps(steps: Sequence[Sequence[StepIds]], world_size: int) -> Plan:
     """Turns a list of steps (``<= W`` groups each, rank order) into a plan.
 
     Example:
@@ -126,7 +127,7 @@ def _check_world(world_size: int) -> None:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
 
 
-def _chunks(order: Sequence[int], size: int) -> list[Step]:
+def _chunks(order: Sequence[int], size: int) -> list[StepIds]:
     return [tuple(order[k : k + size]) for k in range(0, len(order), size)]
 
 
@@ -200,7 +201,7 @@ class GMTPlan:
     patches: Sequence[int] | None = field(default=None, repr=False)
     shuffle: bool = True
 
-    def groups(self, pool: Sequence[int]) -> list[Step]:
+    def groups(self, pool: Sequence[int]) -> list[StepIds]:
         """The groups, longest first (before shuffling)."""
         return [
             g.keys
@@ -268,7 +269,7 @@ class PackingPlan:
                 "a packed row costs the sum of its lengths"
             )
 
-    def rows(self, pool: Sequence[int]) -> list[Step]:
+    def rows(self, pool: Sequence[int]) -> list[StepIds]:
         """The rows, in the order they were filled (longest first sample first)."""
         # Ascending (length, index): bisect finds the longest sample within a capacity.
         remaining = sorted((int(self.lengths[i]), i) for i in pool)

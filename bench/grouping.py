@@ -16,20 +16,20 @@ and world size, and both alignment policies, one epoch is simulated with
 Targets (issue): padding efficiency >= 0.97 on all four; steps <= 1.03x the oracle's;
 IDLE steps <= 1% of steps at ``W = 4``. The JSON reports pass/fail for each run.
 
-Then the knobs, at one budget and ``W = 1`` and ``4``: ``window_budgets``,
-``initial_window_budgets`` (the epoch-start ramp; ``64`` = no ramp), ``age_limit`` and
+Then the knobs, at one budget and ``W = 1`` and ``4``: ``buffer_budgets``,
+``initial_buffer_budgets`` (the epoch-start ramp; ``64`` = no ramp), ``age_limit`` and
 ``queue_depth`` one at a time from the defaults, and a small grid over three of them
 (``balanced``, both budgets, both world sizes) that lists which settings meet the
 targets everywhere.
 
-The byte cap (``window_bytes``) binds only when samples carry tensors; the simulated
+The byte cap (``buffer_bytes``) binds only when samples carry tensors; the simulated
 lengths carry none, so ``byte_sweep`` gives every sample ``--bytes-per-token`` bytes per
 token (default 24576: Qwen3-VL's float32 ``pixel_values`` of one merged visual token, 2x2
 patches of 3*2*16*16 values; i.e. the worst case, every token an image token) and runs
 the defaults under a few caps.
 
     python -m bench.grouping --out results/bench/grouping.json \
-        --plot docs/figures/padding_vs_window.png
+        --plot docs/figures/padding_vs_buffer.png
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def main_grid(args) -> dict:
 
 
 SWEEPS = {
-    "window_budgets": (8, 16, 32, 64, 128),
-    "initial_window_budgets": (1, 2, 4, 8, 64),
+    "buffer_budgets": (8, 16, 32, 64, 128),
+    "initial_buffer_budgets": (1, 2, 4, 8, 64),
     "age_limit": (4, 16, 64),
     "queue_depth": (1, 4, 8, 16),
 }
@@ -194,30 +194,30 @@ def sweeps(args) -> dict:
 def byte_sweep(args) -> dict:
     """The defaults under a byte cap, every token ``--bytes-per-token`` bytes (worst case).
 
-    ``window_budgets_equivalent`` is the cap in budgets of such tokens: below the token
-    window (64 budgets) the cap, not the token target, sizes the window.
+    ``buffer_budgets_equivalent`` is the cap in budgets of such tokens: below
+    ``buffer_budgets`` (64) the cap, not the token target, sizes the buffer.
     """
     budget, per_token = args.sweep_budget, args.bytes_per_token
     data = {name: lengths(name, args.n, args.seed) for name in NAMES}
     rows = []
-    for w, mib, name in itertools.product(args.sweep_worlds, args.byte_windows, NAMES):
-        _io.progress(f"byte sweep W={w} window_bytes={mib} MiB {name}")
+    for w, mib, name in itertools.product(args.sweep_worlds, args.byte_caps, NAMES):
+        _io.progress(f"byte sweep W={w} buffer_bytes={mib} MiB {name}")
         lens = data[name]
         refs = (oracle(lens, budget, w), per_rank_oracle(lens, budget, w, args.seed))
-        cfg = ODBConfig(token_budget=budget, seed=args.seed, window_bytes=mib * 2**20)
+        cfg = ODBConfig(token_budget=budget, seed=args.seed, buffer_bytes=mib * 2**20)
         sim = simulate(lens, cfg, world_size=w, sample_bytes=[int(n) * per_token for n in lens])
         s = run_one(lens, cfg, w, *refs, result=sim)
         rows.append(
             {
                 "world_size": w,
-                "window_bytes_mib": mib,
-                "window_budgets_equivalent": round(mib * 2**20 / per_token / budget, 2),
+                "buffer_bytes_mib": mib,
+                "buffer_budgets_equivalent": round(mib * 2**20 / per_token / budget, 2),
                 "dist": name,
                 **{
                     k: s[k]
                     for k in ("padding_efficiency", "steps", "steps_vs_oracle", "idle_fraction")
                 },
-                "peak_window_mib": round(max(t.peak_window_bytes for t in sim.ranks) / 2**20, 1),
+                "peak_buffer_mib": round(max(t.peak_buffer_bytes for t in sim.ranks) / 2**20, 1),
             }
         )
     return {"budget": budget, "bytes_per_token": per_token, "policy": "balanced", "rows": rows}
@@ -233,7 +233,7 @@ _GRID_CASE_KEYS = (
 
 
 def knob_grid(args) -> dict:
-    """Which (window_budgets, age_limit, queue_depth) meet each target everywhere?
+    """Which (buffer_budgets, age_limit, queue_depth) meet each target everywhere?
 
     ``balanced`` only (the policies differ only in the tail), every distribution, every
     budget of ``--budgets`` and every world size of ``--worlds``. For each setting and
@@ -247,11 +247,11 @@ def knob_grid(args) -> dict:
         for w in args.worlds
     }
     rows = []
-    for wb, age, qd in itertools.product(args.grid_windows, args.grid_ages, args.grid_queues):
-        _io.progress(f"knob grid window={wb} age={age} queue={qd}")
-        knobs = {"window_budgets": wb, "age_limit": age, "queue_depth": qd}
+    for wb, age, qd in itertools.product(args.grid_buffers, args.grid_ages, args.grid_queues):
+        _io.progress(f"knob grid buffer={wb} age={age} queue={qd}")
+        knobs = {"buffer_budgets": wb, "age_limit": age, "queue_depth": qd}
         rows.append(_grid_row(knobs, _grid_cases(knobs, data, refs, args.seed)))
-    keys = ("window_budgets", "age_limit", "queue_depth")
+    keys = ("buffer_budgets", "age_limit", "queue_depth")
     return {
         "policy": "balanced",
         "budgets": args.budgets,
@@ -318,7 +318,7 @@ def target_summary(grid: dict) -> dict:
 
 
 def plot(sweep: dict, path: Path) -> None:
-    """Padding efficiency vs window_budgets, one panel per swept world size."""
+    """Padding efficiency vs buffer_budgets, one panel per swept world size."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -331,11 +331,11 @@ def plot(sweep: dict, path: Path) -> None:
     colors = dict(zip(NAMES, ("C0", "C1", "C2", "C3"), strict=True))
     for ax, world in zip(axes[0], worlds, strict=True):
         entry = sweep["worlds"][world]
-        rows = entry["knobs"]["window_budgets"]
+        rows = entry["knobs"]["buffer_budgets"]
         for name in NAMES:
             for policy, style in (("balanced", "-o"), ("paper", "--x")):
                 pts = [
-                    (r["window_budgets"], r["padding_efficiency"])
+                    (r["buffer_budgets"], r["padding_efficiency"])
                     for r in rows
                     if r["dist"] == name and r["policy"] == policy
                 ]
@@ -350,7 +350,7 @@ def plot(sweep: dict, path: Path) -> None:
             ax.axhline(ref, color=colors[name], ls=":", lw=1)
         ax.axhline(PAD_TARGET, color="k", lw=1, label="target 0.97")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("window_budgets (window size in budgets' worth of tokens)")
+        ax.set_xlabel("buffer_budgets (buffer size in budgets' worth of tokens)")
         ax.set_title(
             f"budget {sweep['budget']}, {world}, {args_n(sweep)} samples "
             "(dotted: per-rank offline oracle)",
@@ -371,9 +371,9 @@ def args_n(sweep: dict) -> int:
 def _reported_defaults() -> dict:
     """The ODBConfig defaults that shape the grouping, as the JSON records them."""
     keys = (
-        "window_budgets",
-        "initial_window_budgets",
-        "window_bytes",
+        "buffer_budgets",
+        "initial_buffer_budgets",
+        "buffer_bytes",
         "buffer_size",
         "queue_depth",
         "age_limit",
@@ -391,19 +391,19 @@ def main() -> None:
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 4])
     p.add_argument("--sweep-budget", type=int, default=8192)
     p.add_argument("--sweep-worlds", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--grid-windows", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--grid-buffers", type=int, nargs="+", default=[64, 128])
     p.add_argument("--grid-ages", type=int, nargs="+", default=[2, 4, 16])
     p.add_argument("--grid-queues", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--no-grid", action="store_true", help="skip the knob grid")
     p.add_argument("--bytes-per-token", type=int, default=24576)
     p.add_argument(
-        "--byte-windows",
+        "--byte-caps",
         type=int,
         nargs="+",
         default=[256, 1024, 4096],
-        help="window_bytes caps of the byte sweep, in MiB",
+        help="buffer_bytes caps of the byte sweep, in MiB",
     )
-    p.add_argument("--plot", type=Path, default=None, help="PNG of padding eff. vs window")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of padding eff. vs buffer_budgets")
     args = p.parse_args()
     grid = main_grid(args)
     sweep = sweeps(args)

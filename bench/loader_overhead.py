@@ -17,7 +17,7 @@ Loaders, each with ``num_workers=2`` and a no-op consumer (the loop only counts)
 Each run builds the loader once and iterates it for ``--epochs`` epochs (``set_epoch``
 between them, as a training loop does). Reported per loader (median over ``--repeats``
 runs, in the same process in turn): *startup* = seconds from ``iter()`` to the first
-batch of the first epoch (process spawn, worker start, the first grouping window),
+batch of the first epoch (process spawn, worker start, the first fill of the grouping buffer),
 *later_startup_s* the same for the later epochs (median), *steady-state* samples/s from
 each epoch's first batch to its last, and the end-to-end samples/s over all epochs,
 start-ups included. Targets: ODB's steady-state samples/s >= 0.95x plain; end to end

@@ -26,7 +26,7 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
 
 * ``samples_per_s``: samples emitted on all ranks / the slowest rank's wall-clock,
   measured from just before ``iter()`` (so the collate process's start, the workers'
-  start and the first grouping window are inside) to the last batch;
+  start and the first fill of the grouping buffer are inside) to the last batch;
 * ``samples_per_s_per_epoch``: the same for each epoch alone (a later epoch runs on the
   collate process the first one started);
 * ``first_batch_s``: from ``iter()`` to the first batch (slowest rank, per epoch);
@@ -35,7 +35,7 @@ Reported per cell (each rank measures its own; the cell sums or takes the slowes
   by a background thread of this process every ``--mem-interval-ms``: every page the
   cell's processes (ranks, DataLoader workers, collate processes) hold counts once,
   including copy-on-write pages of forked workers and shared memory that a worker wrote
-  and no process has touched since (a sample's pixels waiting in the window), which
+  and no process has touched since (a sample's pixels waiting in the grouping buffer), which
   ``peak_uss_mb`` / ``peak_pss_mb`` (psutil's USS and PSS summed over the processes,
   only with ``--smaps-interval-ms``: reading them walks every page table and slows the
   loaders measured) miss. Machine-wide: run it with nothing else allocating meanwhile;
@@ -142,7 +142,7 @@ class TreeMemorySampler:
       (``/proc/meminfo``) above their level when the sampler started. Every page the
       cell's processes hold counts once: copy-on-write pages of forked workers, and
       shared memory that a worker wrote and no process has touched since (a sample's
-      pixels waiting in the window). It is the figure to compare, on a machine where
+      pixels waiting in the grouping buffer). It is the figure to compare, on a machine where
       nothing else allocates meanwhile.
     * USS and PSS summed over this process's descendants (psutil), every
       ``smaps_interval_s`` (0, the default: never; the figures are then None). Reading

@@ -39,7 +39,7 @@ class RankTrace:
     recirculated: int = 0
     paced_rounds: int = 0
     max_age: int = 0
-    peak_window_bytes: int = 0
+    peak_buffer_bytes: int = 0
 
     @property
     def steps(self) -> int:
@@ -99,7 +99,7 @@ def simulate(
 
     Args:
         lengths: Length of every sample (index -> tokens).
-        config: Loader settings (policy, budget, window, age limit, queue depth, join).
+        config: Loader settings (policy, budget, buffer, age limit, queue depth, join).
         world_size: Number of ranks when ``views`` is not given.
         views: Explicit per-rank views (indices into ``lengths``, in reading order).
         epoch: Epoch of the seeded shuffle (with ``config.seed``) when views are dealt.
@@ -108,8 +108,8 @@ def simulate(
         max_rounds: Safety net: more rounds than this is a livelock, and raises.
         check: Verify the protocol's guarantees on the result (equal step counts, every
             multi-sample group within budget, identity coverage in join mode).
-        sample_bytes: Bytes of every sample's data (index -> bytes), for the window's
-            byte cap (``config.window_bytes``); default 0 (a pure-length run).
+        sample_bytes: Bytes of every sample's data (index -> bytes), for the buffer's
+            byte cap (``config.buffer_bytes``); default 0 (a pure-length run).
     """
     if views is None:
         if world_size is None:
@@ -151,7 +151,7 @@ def _finish(traces: Sequence[RankTrace], world: LockstepWorld) -> None:
         trace.recirculated = rank.rounds.recirculated
         trace.paced_rounds = rank.rounds.paced_rounds
         trace.max_age = rank.max_age
-        trace.peak_window_bytes = rank.rounds.buffer.peak_nbytes
+        trace.peak_buffer_bytes = rank.rounds.buffer.peak_nbytes
 
 
 def _reader(
@@ -225,7 +225,7 @@ def summarize(result: SimResult) -> dict[str, object]:
                 "recirculated": t.recirculated,
                 "paced_rounds": t.paced_rounds,
                 "max_age": t.max_age,
-                "peak_window_bytes": t.peak_window_bytes,
+                "peak_buffer_bytes": t.peak_buffer_bytes,
             }
         )
     return {

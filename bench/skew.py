@@ -92,8 +92,8 @@ def main() -> None:
                 "seed": args.seed,
                 "world_size": 2,
                 "views": "sorted lengths: shorter half -> rank 0, longer half -> rank 1",
-                "config": "ODBConfig defaults (window_budgets=64, "
-                "initial_window_budgets=4, age_limit=16, queue_depth=8, join=True), "
+                "config": "ODBConfig defaults (buffer_budgets=64, "
+                "initial_buffer_budgets=4, age_limit=16, queue_depth=8, join=True), "
                 "shuffle=False, explicit views",
             },
             "target": {"every_rank_mean_fill_at_least": FILL_TARGET, "policy": "balanced"},

@@ -7,7 +7,7 @@ workers' latency, not the CPU, sets the pace) and returns ``input_ids``/``labels
 rank waits for its peer in each round's status all-gather; while it waits it reads
 samples ahead for later rounds (``stats()['read_ahead']``), so its DataLoader workers
 keep working instead of stopping once their prefetch is full. The default epoch (6000
-samples) is long enough for many full-window rounds; in short epochs the window holds
+samples) is long enough for many full-buffer rounds; in short epochs the buffer holds
 most of a view, there are few rounds, and the waits matter little.
 
 Loaders, two ranks (spawned, Gloo on 127.0.0.1), ``--workers`` DataLoader workers each:

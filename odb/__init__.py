@@ -1,7 +1,7 @@
 """Online Dynamic Batching: token-budgeted batches formed after preprocessing, DDP-aligned.
 
 Needs only torch. These names are what a training loop uses: the loader
-(:class:`ODBLoader`, :func:`wrap`) and its config, the token budget, the collate parts,
+(:class:`ODBLoader`, :func:`wrap`) and its config, the token budget, the collate helpers,
 the step info every batch carries and the loss normaliser it holds, the resume state and
 the errors a loader raises. Framework adapters live in :mod:`odb.integrations` and
 import their framework lazily. Loaders that are not ODB build on :mod:`odb.kit`.

@@ -1,7 +1,7 @@
-"""The seam other loaders build on: ODB's rules and parts, for loaders that are not ODB.
+"""The seam other loaders build on: ODB's rules and pieces, for loaders that are not ODB.
 
 A training loop needs only :mod:`odb`. A loader that forms its batches differently (the
-baselines in ``baselines/`` are such loaders) uses these parts as well, so that its
+baselines in ``baselines/`` are such loaders) uses these pieces as well, so that its
 batches, figures and state follow the same rules as ODB's and compare one to one:
 
 - the shared config fields and their checks: :class:`LoaderConfig` (``ODBConfig`` and

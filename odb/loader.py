@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from odb._process.collate_sources import is_stream
 from odb._process.comm import open_rendezvous
 from odb._process.messages import CollateSpec, EpochJob
-from odb._process.trainer_runner import CollateRunner, IdleRunner
+from odb._process.trainer_runner import CollateRunner, RunnerKeeper
 from odb._process.trainer_startup import check_startable
 from odb.collate import PadCollate, TensorParts
 from odb.core.checks import check_callables, check_epoch
@@ -32,7 +32,7 @@ from odb.core.detect import declared_shard
 from odb.core.ledger import Ledger
 from odb.core.progress import EpochProgress
 from odb.core.resume import parse_pieces
-from odb.core.sharding import SourceFacts, epoch_order, meet_row, resolve_shard
+from odb.core.sharding import SourceFacts, epoch_order, resolve_shard, source_row
 from odb.core.step_info import STEP_INFO_KEY
 from odb.core.steps import SampleMeter
 
@@ -117,8 +117,8 @@ class ODBLoader:
         self._iterations = 0
         self._last_stats: dict[str, float | int] = {}
         # One collate side for all epochs; it ends with the loader (or the interpreter).
-        self._runners = IdleRunner(self._spec, self.config, self.rank)
-        weakref.finalize(self, self._runners.close)
+        self._runner_keeper = RunnerKeeper(self._spec, self.config, self.rank)
+        weakref.finalize(self, self._runner_keeper.close)
 
     @property
     def epoch(self) -> int:
@@ -242,20 +242,20 @@ class ODBLoader:
         In process mode its start-up then runs while the trainer builds its model,
         instead of delaying the first batch: a fork, and the DataLoader workers' first
         samples; with ``collate_start_method="spawn"`` also importing torch and what the
-        dataset needs and unpickling the user's parts (seconds with a transformers
+        dataset needs and unpickling the user's collate spec (seconds with a transformers
         processor). Call it on every rank, after construction. Nothing else changes: an
         error of the start-up surfaces at ``iter()``, as without it.
         """
-        self._runners.start(self._rendezvous)
+        self._runner_keeper.start(self._rendezvous)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         job = self._stream_job() if self._stream else self._map_job()
         self._iterations += 1
-        runner = self._runners.take(self._rendezvous)
+        runner = self._runner_keeper.take(self._rendezvous)
         try:
             runner.begin(job, f"odb/iter{self._iterations}/")
         except BaseException:
-            self._runners.give_back(runner)
+            self._runner_keeper.give_back(runner)
             raise
         return self._drive(runner)
 
@@ -263,8 +263,8 @@ class ODBLoader:
         order = self._epoch_order(self.epoch)
         view = self._ledger.begin_map(order)
         self._progress.begin(len(order), self._ledger.restored_consumed)
-        meet = meet_row(self._shard, len(self.dataset), order) if self.world_size > 1 else []
-        return self._job(view, meet=meet)
+        row = source_row(self._shard, len(self.dataset), order) if self.world_size > 1 else []
+        return self._job(view, source_row=row)
 
     def _job(self, view: list[int] | None, **fields: Any) -> EpochJob:
         return EpochJob(
@@ -289,8 +289,8 @@ class ODBLoader:
     def _stream_job(self) -> EpochJob:
         skip, carried = self._ledger.begin_stream()
         self._progress.begin(0)  # a stream's length is unknown until it ends
-        meet = meet_row(self._shard, None, None) if self.world_size > 1 else []
-        return self._job(None, skip=skip, carried=carried, meet=meet)
+        row = source_row(self._shard, None, None) if self.world_size > 1 else []
+        return self._job(None, skip=skip, carried=carried, source_row=row)
 
     def _drive(self, runner: CollateRunner) -> Iterator[dict[str, Any]]:
         wait_s = 0.0
@@ -310,7 +310,7 @@ class ODBLoader:
         finally:
             # Kept for the next epoch only after a clean end; closed after an error or
             # a break (an abandoned epoch is never resumed by a later iter()).
-            self._runners.give_back(runner)
+            self._runner_keeper.give_back(runner)
         result = runner.result
         assert result is not None
         self._ledger.finish(result.carry, result.carried_samples)

@@ -4,7 +4,7 @@ A Qwen-VL image processor resizes an image (the values stay 0-255 integers), the
 rescales and normalises it into float32 ``pixel_values`` (patches x 1536). Those floats
 are a fixed function of the integers, so a sample can carry the integers as uint8 (a
 quarter of the bytes through the DataLoader workers' shared memory, the grouping
-window, the hand-off and the host-to-device copy) and the trainer recovers the floats
+buffer, the hand-off and the host-to-device copy) and the trainer recovers the floats
 after ``.to(device)``, where the arithmetic is free.
 
 Each patch row of a Qwen-VL processor holds its pixels ``temporal_patch_size`` times (an

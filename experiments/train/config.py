@@ -209,6 +209,10 @@ class MethodConfig:
         for section, cls in (("odb", ODBConfig), ("baseline", BaselineConfig)):
             known = {f.name for f in dataclasses.fields(cls)} - set(owned)
             for key in getattr(self, section):
+                if key in cls.RENAMED_FIELDS:
+                    renamed, why = cls.RENAMED_FIELDS[key]
+                    raise ConfigError(f"method.{section}.{key} was renamed method.{section}."
+                                      f"{renamed} ({why}); set that instead")
                 _require(key not in owned, f"method.{section}.{key} is set by {owned.get(key)}; "
                          "set it there")
                 _require(key in known, f"unknown key 'method.{section}.{key}'; "

@@ -11,7 +11,7 @@ Private: nothing outside ``odb`` imports it (checked by the import contracts in
 - ``trainer_*`` runs in the trainer: ``trainer_runner`` (deadlines and the error
   contract), ``trainer_transport`` (process or thread, one interface),
   ``trainer_startup`` (the main-guard check and the start-up handshake);
-- the rest serves both sides: ``messages`` (what crosses: parts, jobs, results),
+- the rest serves both sides: ``messages`` (what crosses: the collate spec, jobs, results),
   ``handoff`` (batches in shared-memory blocks), ``batch_pool`` (the pool collate
   functions build big fields in), ``pickling``, ``comm`` (rendezvous and the alignment
   group), ``forking``, ``torch_shm``, ``diagnostics``.

@@ -3,13 +3,13 @@
 One call of :func:`run_epoch` is one rank's epoch. It is the same code in the collate
 process and in thread mode; only ``emit`` (the queue to the trainer) and the sample
 iterator differ. Before the first round the ranks check that they agree on their
-source (:func:`odb.core.sharding.check_meet`). Each round (:mod:`odb.core.lockstep` is the round,
-without the transport):
+source (:func:`odb.core.sharding.check_source_rows`). Each round
+(:mod:`odb.core.lockstep` is the round, without the transport):
 
-1. read samples into the window until it holds the round's share of the window (small
+1. read samples into the buffer until it holds the round's share of the buffer (small
    in the epoch's first round, so the first batch is out after a few reads; doubling
    every round), its sample cap or its byte cap, or the view is read;
-2. group the window and report a fixed-size status to the peers (one all-gather);
+2. group the buffer and report a fixed-size status to the peers (one all-gather);
    while the peers' statuses have not all arrived, read samples ahead for later
    rounds (:meth:`odb.core.lockstep.LockstepRank.read_ahead`: kept aside, so the rounds
    are the same; the DataLoader workers keep working while this rank waits);
@@ -38,7 +38,7 @@ from odb.core.lockstep import LockstepRank, RoundCounts
 from odb.core.loss import AccumulationNormalizer
 from odb.core.metrics import EpochMetrics
 from odb.core.rounds import RankRounds, RoundOutcome
-from odb.core.sharding import check_meet
+from odb.core.sharding import check_source_rows
 from odb.core.steps import SampleMeter, SampleReader, Step, StepBuilder, attach_step_info
 
 
@@ -67,7 +67,7 @@ def run_epoch(
         emit: Hands one finished batch (with its step info) to the trainer; may block.
         free_slots: Free places in the queue to the trainer.
         held_bytes: Bytes of the emitted batches the trainer has not released yet; the
-            window's byte cap counts them (``ODBConfig.window_bytes``). None: none.
+            buffer's byte cap counts them (``ODBConfig.buffer_bytes``). None: none.
     """
     cfg = job.config
     metrics = EpochMetrics()
@@ -95,7 +95,7 @@ def run_epoch(
     metrics.read_ahead = rank.read_ahead_count
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
-    metrics.peak_window_bytes = max(rounds.buffer.peak_nbytes, rank.peak_bytes)
+    metrics.peak_buffer_bytes = max(rounds.buffer.peak_nbytes, rank.peak_bytes)
     metrics.collate_cpu_s = cpu_clock() - cpu_start
     carry, carried = _carry(job, rank, group)
     return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
@@ -120,8 +120,8 @@ def _check_sources(job: EpochJob, group: AlignmentGroup) -> int:
     (same sharding; with ODB dealing, the same dataset size and epoch order), so a
     mismatch that would lose samples is an error on every rank, not a silent loss.
     """
-    rows = group.gather_meet(job.meet) if job.meet else []
-    epoch_samples = check_meet(rows) if rows else None
+    rows = group.gather_source_rows(job.source_row) if job.source_row else []
+    epoch_samples = check_source_rows(rows) if rows else None
     return epoch_samples if epoch_samples is not None else 0
 
 
@@ -183,8 +183,8 @@ def _carry(
     """What the epoch leaves for the next: ``(carried indices, carried samples)``.
 
     Join mode leaves nothing. Non-join: a stream cannot be re-read by index, so its
-    window's samples and those read ahead are carried themselves, on this rank; a view
-    carries the indices of its window and of its unread tail (which holds the samples
+    buffer's samples and those read ahead are carried themselves, on this rank; a view
+    carries the indices of its buffer and of its unread tail (which holds the samples
     read ahead), dealt over all ranks (:func:`deal_carry`).
     """
     rounds = rank.rounds

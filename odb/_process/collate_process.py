@@ -1,11 +1,11 @@
 """The life of a collate process: one per loader and rank, across epochs.
 
-It starts at the loader's first ``iter()`` (or ``start()``), holds the user's parts
-(dataset, ``collate_fn``, meter, ``worker_init_fn``), and then runs one epoch per job
+It starts at the loader's first ``iter()`` (or ``start()``), holds the user's collate
+spec (dataset, ``collate_fn``, meter, ``worker_init_fn``), and then runs one epoch per job
 the trainer sends (:func:`odb._process.collate_body.collate_main`), idle in between. Forked (the
-default on Linux, ``ODBConfig.collate_start``) it inherits the parts and the trainer's
+default on Linux, ``ODBConfig.collate_start``) it inherits the spec and the trainer's
 imports, and first lets go of what belongs to the trainer (:func:`leave_trainer`);
-spawned it imports torch and receives the parts once through the start-up handshake
+spawned it imports torch and receives the spec once through the start-up handshake
 (:mod:`odb._process.trainer_startup`): either way once per loader, not per epoch. It ends on the
 trainer's stop (the loader was closed or garbage-collected, an iterator was abandoned
 mid-epoch, the interpreter exits), after any error of an epoch (the next ``iter()``
@@ -54,14 +54,15 @@ def process_entry(
     heartbeat: Heartbeat,
     start_method: str,
     returns: Connection,
-    parts: tuple[CollateSpec, Rendezvous | None] | None = None,
+    setup: tuple[CollateSpec, Rendezvous | None] | None = None,
 ) -> None:
-    """Body of a collate process: its parts, then epochs until an error or a stop.
+    """Body of a collate process: its setup, then epochs until an error or a stop.
 
-    ``parts`` is ``(spec, rendezvous)`` in a forked process (inherited, not pickled);
-    None in a spawned one, which reads them from the handshake.
+    ``setup`` is ``(spec, rendezvous)``, the user's collate spec and where to meet the
+    peers: given in a forked process (inherited, not pickled); None in a spawned one,
+    which reads it from the handshake.
     """
-    if parts is not None:
+    if setup is not None:
         leave_trainer()
     # Ctrl-C reaches the whole foreground process group; the trainer handles it and
     # stops this process through the iterator's cleanup.
@@ -77,9 +78,9 @@ def process_entry(
     # is the server's, and its parent never changes while the trainer lives.
     direct = os.getppid() == parent_pid
     threading.Thread(target=_watchdog, args=(parent_pid, direct, stop), daemon=True).start()
-    if parts is None:  # the handshake (trainer_startup.py): the parts arrive after the start
-        parts = pickle.loads(jobs.recv_bytes())
-    spec, rendezvous = parts
+    if setup is None:  # the handshake (trainer_startup.py): the setup arrives after the start
+        setup = pickle.loads(jobs.recv_bytes())
+    spec, rendezvous = setup
     ready.set()
     encoder = PoolWriter(returns)
     share_batches(encoder.pool)  # big batch fields are built in the hand-off's blocks

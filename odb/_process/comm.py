@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from odb.core.alignment import STATUS_WIDTH
-from odb.core.sharding import MEET_WIDTH
+from odb.core.sharding import SOURCE_ROW_WIDTH
 
 # Store key under the group's prefix where a failing rank leaves its error for the peers.
 _FAILED_KEY = "odb_failed/"
@@ -162,14 +162,14 @@ class AlignmentGroup:
         self.bytes_sent += mine.numel() * mine.element_size()
         return [t.tolist() for t in out]
 
-    def gather_meet(self, row: list[int]) -> list[list[int]]:
-        """All-gather the epoch's fixed-size source row (:func:`odb.core.sharding.meet_row`)."""
-        if len(row) != MEET_WIDTH:
-            raise ValueError(f"meet row must have {MEET_WIDTH} fields, got {len(row)}")
+    def gather_source_rows(self, row: list[int]) -> list[list[int]]:
+        """All-gather the epoch's fixed-size source row (:func:`odb.core.sharding.source_row`)."""
+        if len(row) != SOURCE_ROW_WIDTH:
+            raise ValueError(f"source row must have {SOURCE_ROW_WIDTH} fields, got {len(row)}")
         if self.rendezvous is None:
             return [list(row)]
         mine = torch.tensor(row, dtype=torch.int64)
-        out = [torch.zeros(MEET_WIDTH, dtype=torch.int64) for _ in range(self.world_size)]
+        out = [torch.zeros(SOURCE_ROW_WIDTH, dtype=torch.int64) for _ in range(self.world_size)]
         self._run("source check all_gather", self._open().allgather([out], [mine]))
         self.bytes_sent += mine.numel() * mine.element_size()
         return [t.tolist() for t in out]

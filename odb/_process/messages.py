@@ -1,6 +1,6 @@
-"""What crosses between the loader and its collate side: the parts, the jobs, the results.
+"""What crosses between the loader and its collate side: the spec, the jobs, the results.
 
-The loader sends its collate side one :class:`CollateSpec` (the user's parts, once per
+The loader sends its collate side one :class:`CollateSpec` (the user's objects, once per
 collate side) and one :class:`EpochJob` per epoch; each epoch ends with one
 :class:`EpochResult`. In process mode all three are pickled across the boundary, so
 every field must be picklable; in thread mode they pass as they are.
@@ -18,7 +18,7 @@ from odb.core.steps import SampleMeter
 
 @dataclass
 class CollateSpec:
-    """The user's parts the collate side runs (must be picklable in process mode)."""
+    """The user's objects the collate side runs (must be picklable in process mode)."""
 
     dataset: Any
     collate_fn: Callable[[list[Any]], Any]
@@ -38,8 +38,8 @@ class EpochJob:
     skip: frozenset[int] = frozenset()
     carried: list[tuple[int, Any]] = field(default_factory=list)
     shard: str = "odb"
-    # This rank's row of the epoch's cross-rank source check (odb.core.sharding.meet_row).
-    meet: list[int] = field(default_factory=list)
+    # This rank's row of the epoch's cross-rank source check (odb.core.sharding.source_row).
+    source_row: list[int] = field(default_factory=list)
 
 
 @dataclass

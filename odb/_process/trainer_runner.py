@@ -5,7 +5,7 @@ through a transport (:mod:`odb._process.trainer_transport`: a dedicated collate 
 per rank, or a thread), sends it one epoch per :meth:`~CollateRunner.begin`, hands its
 batches to the loader, and turns every way it can fail into an error in time; the
 descriptions in those errors come from :mod:`odb._process.diagnostics`.
-:class:`IdleRunner` keeps a loader's runner between epochs: reused after an epoch that
+:class:`RunnerKeeper` keeps a loader's runner between epochs: reused after an epoch that
 ended cleanly, closed after anything else (an error, an iterator abandoned mid-epoch),
 so a new epoch never sees an old epoch's messages.
 Failure contract (``docs/reliability.md`` has the full table):
@@ -81,7 +81,7 @@ class CollateRunner:
 
     One epoch at a time: :meth:`begin`, then :meth:`next_batch` until it returns None
     (``result`` is then set and the runner may :meth:`begin` again). Any error closes
-    nothing by itself; the caller closes the runner (:class:`IdleRunner`).
+    nothing by itself; the caller closes the runner (:class:`RunnerKeeper`).
     """
 
     def __init__(
@@ -218,7 +218,7 @@ class CollateRunner:
         self._side.close(timeout_s)
 
 
-class IdleRunner:
+class RunnerKeeper:
     """A loader's collate side between epochs: at most one runner, kept for the next epoch.
 
     :meth:`take` hands out the kept runner when it is still alive, or a new one;

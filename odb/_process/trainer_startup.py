@@ -11,9 +11,9 @@ message naming the guard.
 
 Every other way a spawned collate process can fail to come up (its interpreter or
 imports stuck, the dataset's unpickling hanging) is covered by the handshake: the
-user's parts travel *after* the process has started, over a pipe written by a helper
+user's collate spec travels *after* the process has started, over a pipe written by a helper
 thread (:class:`JobSender`, which later sends the epochs' jobs on the same pipe), and
-the process confirms it holds them; no confirmation within ``start_timeout_s`` is an
+the process confirms it holds it; no confirmation within ``start_timeout_s`` is an
 error.
 """
 
@@ -119,8 +119,8 @@ def check_startable(spec: Any, config: Any) -> None:
     """Raise now, before any collective, what would keep a collate process from starting.
 
     With a spawned collate process (``config.collate_start``): an unguarded script (see
-    above). With a spawned collate process or spawned workers: user parts (``spec``)
-    that cannot be pickled. A forked process and forked workers need neither.
+    above). With a spawned collate process or spawned workers: a user's collate spec
+    (``spec``) that cannot be pickled. A forked process and forked workers need neither.
     """
     spawned = config.collate_start != "fork"
     if spawned:

@@ -5,8 +5,8 @@ Both transports run :func:`odb._process.collate_body.collate_main` once per epoc
 :class:`odb._process.trainer_runner.CollateRunner`, which owns the lifecycle (deadlines,
 stall detection, the error contract) on top of it.
 - :class:`ProcessTransport`: one collate process for many epochs
-  (:mod:`odb._process.collate_process`), forked (the user's parts inherited) or spawned (the
-  parts arrive once, after the start, through the start-up handshake,
+  (:mod:`odb._process.collate_process`), forked (the user's collate spec inherited) or spawned
+  (the spec arrives once, after the start, through the start-up handshake,
   :mod:`odb._process.trainer_startup`), then one job per epoch on a pipe; batches cross in reusable
   shared-memory blocks leased to the trainer (:mod:`odb._process.handoff`).
 - :class:`ThreadTransport`: a daemon thread in the trainer per epoch, batches passed as
@@ -57,7 +57,7 @@ class Transport(Protocol):
         """A collate process's exit code once it ended; None while it runs, or a thread."""
 
     def started(self) -> bool:
-        """Whether the collate side has confirmed its start (has the user's parts)."""
+        """Whether the collate side has confirmed its start (holds the user's collate spec)."""
 
     def root_pid(self) -> int:
         """The process whose descendants run the collate side (for diagnostics)."""
@@ -137,7 +137,7 @@ class ProcessTransport:
 
     The process is forked or spawned as ``config.collate_start`` says. A spawned one
     re-imports the training script, so an unguarded script is refused here; a forked
-    one inherits the user's parts instead of unpickling them.
+    one inherits the user's collate spec instead of unpickling it.
     """
 
     def __init__(
@@ -184,7 +184,7 @@ class ProcessTransport:
         jobs_in.close()
         self._jobs = JobSender(jobs_out)
         if not forked:
-            self._jobs.send((spec, rendezvous))  # the handshake: the user's parts, once
+            self._jobs.send((spec, rendezvous))  # the handshake: the collate spec, once
 
     def begin(self, job: EpochJob, prefix: str) -> None:
         self._jobs.send((job, prefix))

@@ -6,8 +6,8 @@ so everything here is tested without spawning anything. The process machinery in
 :mod:`odb._process` drives it; nothing here imports that, :mod:`odb.integrations` or
 the public modules.
 
-- budget, grouping, buffer: what a step costs, how a window is grouped into steps, the
-  window itself;
+- budget, grouping, buffer: what a step costs, how a buffer is grouped into steps, the
+  buffer itself;
 - alignment, rounds, lockstep: a round's plan from all ranks' statuses, one rank's round
   state, the round driver;
 - steps, step_info, loss, metrics: batches with their step info, the loss normaliser,

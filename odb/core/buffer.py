@@ -1,8 +1,8 @@
-"""A rank's grouping window: samples read but not yet emitted, with their ages.
+"""A rank's grouping buffer: samples read but not yet emitted, with their ages.
 
 Pure bookkeeping between reads and the alignment plan: it says when to stop reading
-(the window is sized by work, a number of tokens the caller sets each round, and capped
-by ``capacity`` samples and by ``window_bytes`` bytes of sample data), groups its
+(the buffer is sized by work, a number of tokens the caller sets each round, and capped
+by ``capacity`` samples and by ``buffer_bytes`` bytes of sample data), groups its
 contents (:func:`odb.core.grouping.form_groups`), splits the groups into those
 ready now and those worth waiting for, hands out the chosen groups' payloads and ages
 everything left. Samples not chosen stay and are regrouped next round
@@ -24,7 +24,7 @@ _SCALARS = (int, float, bool, str, type(None))
 def sample_nbytes(value: Any) -> int:
     """Bytes of the tensors and arrays in a sample (dicts, lists, tuples searched).
 
-    What bounds the window's memory (``ODBConfig.window_bytes``): each object with an
+    What bounds the buffer's memory (``ODBConfig.buffer_bytes``): each object with an
     integer ``nbytes`` (a ``torch.Tensor``, a ``numpy.ndarray``) counts its data, and
     ``bytes`` their length. No data is touched or copied. A list or tuple that starts
     with a scalar is taken as a list of scalars (token ids) and not walked: a few bytes
@@ -60,30 +60,30 @@ class _Entry:
 class SampleBuffer:
     """Buffered samples of one rank, keyed by a unique sequence number.
 
-    The caps are checked before a read, so the window may pass them by one sample: it
+    The caps are checked before a read, so the buffer may pass them by one sample: it
     holds at most ``capacity`` samples, and its bytes plus those of the batches the
-    trainer still holds stay under ``window_bytes`` plus one sample's bytes (or the
-    window holds one sample). An empty window always has room, so reading always
+    trainer still holds stay under ``buffer_bytes`` plus one sample's bytes (or the
+    buffer holds one sample). An empty buffer always has room, so reading always
     progresses.
 
     Args:
         budget: Group budget.
         capacity: Most samples held at once.
         age_limit: Rounds after which a sample's group is ready regardless of fill.
-        window_bytes: Bytes of sample data after which the window stops reading.
+        buffer_bytes: Bytes of sample data after which the buffer stops reading.
         held_bytes: Bytes of the emitted batches the trainer has not released yet;
-            None: nothing is held outside the window (a simulation).
+            None: nothing is held outside the buffer (a simulation).
 
     Attributes:
-        peak_nbytes: The most bytes the window and the held batches took at once.
+        peak_nbytes: The most bytes the buffer and the held batches took at once.
 
     Example:
-        >>> buf = SampleBuffer(TokenBudget(8), capacity=4, age_limit=2, window_bytes=100)
+        >>> buf = SampleBuffer(TokenBudget(8), capacity=4, age_limit=2, buffer_bytes=100)
         >>> buf.add(3, 0, "a", nbytes=60)
-        >>> buf.wants_more(window_tokens=16), buf.has_room()
+        >>> buf.wants_more(buffer_tokens=16), buf.has_room()
         (True, True)
         >>> buf.add(3, 0, "b", nbytes=60)
-        >>> buf.wants_more(window_tokens=16), buf.nbytes, buf.peak_nbytes
+        >>> buf.wants_more(buffer_tokens=16), buf.nbytes, buf.peak_nbytes
         (False, 120, 120)
     """
 
@@ -92,13 +92,13 @@ class SampleBuffer:
         budget: TokenBudget,
         capacity: int,
         age_limit: int,
-        window_bytes: int,
+        buffer_bytes: int,
         held_bytes: Callable[[], int] | None = None,
     ) -> None:
         self.budget = budget
         self.capacity = capacity
         self.age_limit = age_limit
-        self.window_bytes = window_bytes
+        self.buffer_bytes = buffer_bytes
         self.held_bytes = held_bytes if held_bytes is not None else _none_held
         self.peak_nbytes = 0
         self._entries: dict[int, _Entry] = {}
@@ -123,19 +123,19 @@ class SampleBuffer:
         return max((e.age for e in self._entries.values()), default=0)
 
     def has_room(self) -> bool:
-        """True while the window is under both caps (samples and bytes).
+        """True while the buffer is under both caps (samples and bytes).
 
         The byte cap counts the batches emitted that the trainer has not released yet
-        (``held_bytes``): what the window gave away is still in memory until then. An
-        empty window always has room, so reading always progresses.
+        (``held_bytes``): what the buffer gave away is still in memory until then. An
+        empty buffer always has room, so reading always progresses.
         """
         if len(self._entries) >= self.capacity:
             return False
-        return not self._entries or self._nbytes + self.held_bytes() < self.window_bytes
+        return not self._entries or self._nbytes + self.held_bytes() < self.buffer_bytes
 
-    def wants_more(self, window_tokens: int) -> bool:
-        """True while the window holds fewer than ``window_tokens`` and has room."""
-        return self._tokens < window_tokens and self.has_room()
+    def wants_more(self, buffer_tokens: int) -> bool:
+        """True while the buffer holds fewer than ``buffer_tokens`` and has room."""
+        return self._tokens < buffer_tokens and self.has_room()
 
     def add(self, length: int, patches: int, payload: Any, age: int = 0, nbytes: int = 0) -> None:
         """Buffer one sample (``length >= 1``) whose data takes ``nbytes`` bytes."""
@@ -146,7 +146,7 @@ class SampleBuffer:
         self.peak_nbytes = max(self.peak_nbytes, self._nbytes + self.held_bytes())
 
     def plan(self, can_read_more: bool) -> tuple[list[Group], list[Group]]:
-        """Group the window; return ``(ready, waiting)``, ready in emission order.
+        """Group the buffer; return ``(ready, waiting)``, ready in emission order.
 
         A group is ready when it is complete (the next sample did not fit), holds a
         sample at the age limit, or when no more samples can arrive before the next

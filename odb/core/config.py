@@ -19,7 +19,8 @@ import difflib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, TypeVar
 
 from odb.core.budget import CostModel, TokenBudget
 from odb.core.checks import check_int
@@ -84,10 +85,16 @@ class LoaderConfig:
         rendezvous_host: Address of rank 0 that peers can reach; None means rank 0's
             host name.
 
+    ``RENAMED_FIELDS`` (a class attribute) maps a field's former name to ``(new name,
+    why)``. A former name is refused, whether given to the class or to a loader, with a
+    message that names the new one; it is never accepted as an alias.
+
     Example:
         >>> LoaderConfig(token_budget=8192, grad_accum_steps=2).grad_accum_steps
         2
     """
+
+    RENAMED_FIELDS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({})
 
     token_budget: int
     max_patches: int | None = None
@@ -103,6 +110,13 @@ class LoaderConfig:
     align_timeout_s: float = 1800.0
     init_timeout_s: float = 300.0
     rendezvous_host: str | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LoaderConfig:
+        # The generated __init__ would refuse a former field name with Python's bare
+        # "unexpected keyword argument"; checked first here, so the message names the
+        # new field.
+        _refuse_renamed(cls, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         check_int("token_budget", self.token_budget, 1)
@@ -149,8 +163,9 @@ class LoaderConfig:
         Raises:
             ValueError: Both or neither of ``config`` and ``token_budget`` given, or
                 ``token_budget`` also among the options.
-            TypeError: ``config`` is not a ``cls``, or an option is not a field of
-                ``cls`` (the message names it and the closest field).
+            TypeError: ``config`` is not a ``cls``, an option is a field's former name
+                (the message names the new one, see ``RENAMED_FIELDS``), or an option
+                is not a field of ``cls`` (the message names it and the closest field).
 
         Example:
             >>> ODBConfig.from_options(8192, options={"grad_accum_steps": 2}).grad_accum_steps
@@ -179,6 +194,7 @@ class LoaderConfig:
             )
         if "token_budget" in options:
             raise ValueError("token_budget is given twice; pass it once, as token_budget=")
+        _refuse_renamed(cls, options)
         fields = [f.name for f in dataclasses.fields(cls) if f.init]
         unknown = [key for key in options if key not in fields]
         if unknown:
@@ -189,6 +205,14 @@ class LoaderConfig:
 def _public_name(cls: type) -> str:
     """``odb.ODBConfig``, ``baselines.BaselineConfig``: where users import it from."""
     return f"{cls.__module__.split('.')[0]}.{cls.__qualname__}"
+
+
+def _refuse_renamed(cls: type[LoaderConfig], options: Mapping[str, Any]) -> None:
+    """Raise for an option under a field's former name, naming the new name."""
+    for old, value in options.items():
+        if old in cls.RENAMED_FIELDS:
+            new, why = cls.RENAMED_FIELDS[old]
+            raise TypeError(f"{old} was renamed {new} ({why}); pass {new}={value!r} instead")
 
 
 def _unknown_options(unknown: list[str], fields: list[str], owner: str) -> str:
@@ -208,7 +232,7 @@ class ODBConfig(LoaderConfig):
     """Settings of one ODB loader: the shared :class:`LoaderConfig` fields and these.
 
     What each field bounds is stated here; why the defaults are what they are, with
-    the measurements, is in ``docs/benchmarks.md`` (grouping, "The window ramp", "The
+    the measurements, is in ``docs/benchmarks.md`` (grouping, "The buffer ramp", "The
     byte cap") and ``docs/reliability.md`` (start methods, timeouts); the symbols of
     ``docs/protocol.md`` are given in brackets.
 
@@ -219,19 +243,19 @@ class ODBConfig(LoaderConfig):
         join: True: every rank takes part until every rank is exhausted (identity
             coverage). False: the epoch ends when the first rank runs dry; what is left
             is carried into the next epoch (quota closure).
-        window_budgets: Size of the grouping window in budgets' worth of tokens
-            (``K``): the collate side reads until its window holds this many.
-        initial_window_budgets: The window's size in an epoch's first round (``K0``);
-            round ``k`` reads up to ``min(window_budgets, initial_window_budgets *
-            2**k)`` budgets, and while the window grows each round emits one step.
-            Equal to ``window_budgets``: the whole window is read before the first
+        buffer_budgets: Size of the grouping buffer in budgets' worth of tokens
+            (``K``): the collate side reads until its buffer holds this many.
+        initial_buffer_budgets: The buffer's size in an epoch's first round (``K0``);
+            round ``k`` reads up to ``min(buffer_budgets, initial_buffer_budgets *
+            2**k)`` budgets, and while the buffer grows each round emits one step.
+            Equal to ``buffer_budgets``: the whole buffer is read before the first
             round.
-        window_bytes: Most bytes of sample data (tensors and arrays) the window and the
+        buffer_bytes: Most bytes of sample data (tensors and arrays) the buffer and the
             batches the trainer has not freed yet hold together (``M``); at the cap the
-            window reads one sample at a time, so it holds at most this plus one
+            buffer reads one sample at a time, so it holds at most this plus one
             sample. The DataLoader workers' prefetched samples are not counted. Lower
             it on hosts with many ranks and little RAM.
-        buffer_size: Most samples the window holds per rank, samples read ahead
+        buffer_size: Most samples the buffer holds per rank, samples read ahead
             included (``B``).
         queue_depth: Aligned steps that may wait for the trainer (the output queue,
             ``Q``).
@@ -244,7 +268,7 @@ class ODBConfig(LoaderConfig):
             ``"thread"`` (a thread in the trainer process; for debugging).
         collate_start_method: How a collate process starts; None: ``"fork"`` on Linux,
             ``"spawn"`` elsewhere (:attr:`collate_start`). ``"fork"``: it inherits the
-            trainer's imports and parts, lets go of the trainer's sockets and signal
+            trainer's imports and collate spec, lets go of the trainer's sockets and signal
             handlers, runs torch on one thread, is retried if the interpreter deadlocks
             the fork (:mod:`odb._process.forking`), and must not use CUDA (what it keeps
             and resets: ``docs/reliability.md``).
@@ -278,12 +302,24 @@ class ODBConfig(LoaderConfig):
         8192
     """
 
+    RENAMED_FIELDS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType(
+        {
+            old: (new, "the grouping buffer; 'window' names only the gradient-accumulation "
+                  "window")
+            for old, new in (
+                ("window_budgets", "buffer_budgets"),
+                ("initial_window_budgets", "initial_buffer_budgets"),
+                ("window_bytes", "buffer_bytes"),
+            )
+        }
+    )
+
     cost_model: CostModel = "padded"
     policy: Policy = "balanced"
     join: bool = True
-    window_budgets: int = 64
-    initial_window_budgets: int = 4
-    window_bytes: int = 4 * 2**30
+    buffer_budgets: int = 64
+    initial_buffer_budgets: int = 4
+    buffer_bytes: int = 4 * 2**30
     buffer_size: int = 4096
     queue_depth: int = 8
     max_round_steps: int | None = None
@@ -317,9 +353,9 @@ class ODBConfig(LoaderConfig):
             )
         _check_positive_seconds("start_timeout_s", self.start_timeout_s)
         _check_bools(self, ("join", "pin_memory"))
-        check_int("window_budgets", self.window_budgets, 1)
-        check_int("initial_window_budgets", self.initial_window_budgets, 1)
-        check_int("window_bytes", self.window_bytes, 1)
+        check_int("buffer_budgets", self.buffer_budgets, 1)
+        check_int("initial_buffer_budgets", self.initial_buffer_budgets, 1)
+        check_int("buffer_bytes", self.buffer_bytes, 1)
         check_int("buffer_size", self.buffer_size, 1)
         check_int("queue_depth", self.queue_depth, 1)
         if self.max_round_steps is not None:
@@ -354,6 +390,6 @@ class ODBConfig(LoaderConfig):
         return TokenBudget(self.token_budget, self.cost_model, self.max_patches)
 
     @property
-    def window_tokens(self) -> int:
-        """Tokens the grouping window aims to hold before groups are formed."""
-        return self.window_budgets * self.token_budget
+    def buffer_tokens(self) -> int:
+        """Tokens the grouping buffer aims to hold before groups are formed."""
+        return self.buffer_budgets * self.token_budget

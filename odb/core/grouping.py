@@ -229,7 +229,7 @@ def emission_order(groups: Sequence[Group], budget: TokenBudget, age_limit: int)
     groups likewise. Ties go to the group with the smallest key. Real tokens, not padded
     cost: a group of short samples always looks full by padded cost, so ordering by cost
     keeps emitting short groups while long samples wait until they are overdue and clog
-    the window (the padding it costs: docs/benchmarks.md, "Emission order"). Emitting
+    the buffer (the padding it costs: docs/benchmarks.md, "Emission order"). Emitting
     the first ``k`` groups each round bounds every item's wait: if at most ``k`` items
     arrive per round, no item waits more than ``age_limit`` rounds.
 

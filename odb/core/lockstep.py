@@ -3,9 +3,9 @@
 Every rank runs the same round, in the same order, and only the transport of the two
 exchanges differs between the places that run it:
 
-1. :meth:`LockstepRank.report` reads samples into the window while
+1. :meth:`LockstepRank.report` reads samples into the buffer while
    :meth:`odb.core.rounds.RankRounds.wants_read` (from a :data:`Pull`: up to the round's
-   share of the window, its sample cap and its byte cap) and returns this rank's
+   share of the buffer, its sample cap and its byte cap) and returns this rank's
    :class:`odb.core.alignment.RankStatus`;
 2. the statuses are all-gathered (collective 1, the 8-field wire row);
 3. :meth:`LockstepRank.decide` applies the plan every rank derives from the same
@@ -41,10 +41,10 @@ class PeerFailedError(RuntimeError):
 
 
 class Reading(NamedTuple):
-    """One sample read from a rank's view: its measure and what the window keeps of it.
+    """One sample read from a rank's view: its measure and what the buffer keeps of it.
 
     ``nbytes`` is what the payload's data takes in memory (0 for a pure-length run); the
-    window stops reading once it holds ``window_bytes`` (:class:`odb.core.buffer.SampleBuffer`).
+    buffer stops reading once it holds ``buffer_bytes`` (:class:`odb.core.buffer.SampleBuffer`).
     """
 
     length: int
@@ -66,12 +66,12 @@ class LockstepRank:
         rank: Its rank, for the error a peer's failure raises.
 
     Attributes:
-        max_age: The oldest any sample in the window has been at a report, in rounds.
+        max_age: The oldest any sample in the buffer has been at a report, in rounds.
         read_ahead_count: Samples read ahead while a collective was pending
             (:meth:`read_ahead`).
         read_ahead_s: Seconds spent reading them (inside the collective's wait).
-        peak_bytes: The most bytes the window, the samples read ahead and the batches
-            the trainer holds took at once while reading ahead (the window's own peak
+        peak_bytes: The most bytes the buffer, the samples read ahead and the batches
+            the trainer holds took at once while reading ahead (the buffer's own peak
             is its buffer's).
 
     Example:
@@ -94,16 +94,16 @@ class LockstepRank:
         self.read_ahead_count = 0
         self.read_ahead_s = 0.0
         self.peak_bytes = 0
-        # Pulled while a collective was pending, not yet in the window: readings, None
+        # Pulled while a collective was pending, not yet in the buffer: readings, None
         # (the view ended) or the exception the pull raised, in pull order.
         self._ahead: deque[Reading | Exception | None] = deque()
         self._ahead_bytes = 0
 
     def report(self, free_slots: Callable[[], int]) -> RankStatus:
-        """Read until the window holds enough work (or the view ends); this rank's row.
+        """Read until the buffer holds enough work (or the view ends); this rank's row.
 
         Samples read ahead (:meth:`read_ahead`) are taken first, in the order they were
-        pulled, so the window sees the same samples in the same rounds as without the
+        pulled, so the buffer sees the same samples in the same rounds as without the
         read-ahead. ``free_slots`` is asked after the reads: the trainer drains the
         output queue while the rank reads, and the status says what is free when it is
         sent.
@@ -124,10 +124,10 @@ class LockstepRank:
 
         The reads a round makes (:meth:`report`) stop while the rank waits for its peers;
         its DataLoader workers then stop too once their prefetch is full. Called in that
-        wait, this keeps them busy: the sample is kept aside, outside the window and its
+        wait, this keeps them busy: the sample is kept aside, outside the buffer and its
         status, so the protocol is unchanged, and :meth:`report` takes it first. Held
-        together with the window within its caps (``buffer_size`` samples,
-        ``window_bytes`` bytes, plus one sample) and within the round's read limit. An
+        together with the buffer within its caps (``buffer_size`` samples,
+        ``buffer_bytes`` bytes, plus one sample) and within the round's read limit. An
         exception of the pull is kept in its place and raised by the :meth:`report`
         that reaches it, where it would have been raised without the read-ahead.
 
@@ -191,7 +191,7 @@ class LockstepRank:
             return False
         return (
             len(buffer) + len(self._ahead) < buffer.capacity
-            and buffer.nbytes + self._ahead_bytes + buffer.held_bytes() < buffer.window_bytes
+            and buffer.nbytes + self._ahead_bytes + buffer.held_bytes() < buffer.buffer_bytes
         )
 
     def decide(self, statuses: Sequence[RankStatus]) -> RoundOutcome:

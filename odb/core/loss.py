@@ -3,7 +3,7 @@
 The exact-gradient rule (``docs/protocol.md``): with ``W`` ranks averaging gradients,
 rank ``r`` minimising ``sum(token losses of r) / (T_window / W)`` makes the averaged
 gradient equal to the gradient of ``sum(all token losses) / T_window``, the global
-per-token mean over the gradient-accumulation window (not the grouping window of
+per-token mean over the gradient-accumulation window (not the grouping buffer of
 :mod:`odb.core.buffer`). ``T_window`` is known only once every step of the window is aligned,
 so :class:`AccumulationNormalizer` holds steps back until their window is complete.
 Pure apart from reading a label tensor.

@@ -107,10 +107,10 @@ class EpochMetrics(StepMetrics):
     # The epoch-start stall: seconds from the start of the collate side's epoch (before
     # the source check and the first read) to its first batch handed to the trainer.
     first_emit_s: float = 0.0
-    # The most bytes of sample data (tensors, arrays) the grouping window held at once,
+    # The most bytes of sample data (tensors, arrays) the grouping buffer held at once,
     # with the samples read ahead for later rounds and the batches the trainer had not
-    # freed yet (what ``window_bytes`` caps).
-    peak_window_bytes: int = 0
+    # freed yet (what ``buffer_bytes`` caps).
+    peak_buffer_bytes: int = 0
     # CPU seconds of the collate side in this epoch (receiving the workers' samples,
     # measuring, grouping, collating, handing over): the whole collate process in process
     # mode, the collate thread in thread mode; DataLoader workers are not counted.

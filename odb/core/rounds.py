@@ -5,8 +5,8 @@ rank's reads and its collectives: on the collate side (:func:`odb._process.colla
 and, for many ranks in one process, in the benchmark simulator and the state-machine
 test. Per round:
 
-1. :meth:`RankRounds.wants_read` / :meth:`RankRounds.add` fill the window, up to this
-   round's share of the window (:func:`window_budgets_in_round`: small at the epoch's
+1. :meth:`RankRounds.wants_read` / :meth:`RankRounds.add` fill the buffer, up to this
+   round's share of the buffer (:func:`buffer_budgets_in_round`: small at the epoch's
    start, so its first step comes after a few reads, doubling every round, one step a
    round while it grows), its sample cap and its byte cap;
 2. :meth:`RankRounds.status` is this rank's row of the all-gather;
@@ -51,14 +51,14 @@ class RankRounds:
     """Round state of one rank over one epoch.
 
     Args:
-        config: Loader settings (budget, window, cap, policy, join, queue depth).
+        config: Loader settings (budget, buffer, cap, policy, join, queue depth).
         view_size: Samples this rank reads this epoch; None for a stream, whose end is
             known only when it is reached (:meth:`mark_exhausted`).
         held_bytes: Bytes of emitted batches the trainer has not released, counted
-            against ``window_bytes`` (:class:`odb.core.buffer.SampleBuffer`); None: none.
+            against ``buffer_bytes`` (:class:`odb.core.buffer.SampleBuffer`); None: none.
 
     Attributes:
-        paced_rounds: Rounds whose steps came from a paced regrouping of the window.
+        paced_rounds: Rounds whose steps came from a paced regrouping of the buffer.
     """
 
     def __init__(
@@ -72,7 +72,7 @@ class RankRounds:
         self.read_count = 0
         self.read_tokens = 0
         self.buffer = SampleBuffer(
-            config.budget, config.buffer_size, config.age_limit, config.window_bytes, held_bytes
+            config.budget, config.buffer_size, config.age_limit, config.buffer_bytes, held_bytes
         )
         self.read_limit: int | None = None
         self.recirculated = 0
@@ -95,13 +95,13 @@ class RankRounds:
         return not self.read_done and (self.read_limit is None or self.read_count < self.read_limit)
 
     @property
-    def window_tokens(self) -> int:
-        """Tokens the window reads up to this round (:func:`window_budgets_in_round`)."""
-        return window_budgets_in_round(self.config, self.rounds) * self.config.token_budget
+    def buffer_tokens(self) -> int:
+        """Tokens the buffer reads up to this round (:func:`buffer_budgets_in_round`)."""
+        return buffer_budgets_in_round(self.config, self.rounds) * self.config.token_budget
 
     def wants_read(self) -> bool:
         """Read another sample before this round's status?"""
-        return self._may_read() and self.buffer.wants_more(self.window_tokens)
+        return self._may_read() and self.buffer.wants_more(self.buffer_tokens)
 
     def add(self, length: int, patches: int, payload: Any, nbytes: int = 0) -> None:
         """Buffer one sample read from the view (its data takes ``nbytes`` bytes)."""
@@ -110,7 +110,7 @@ class RankRounds:
         self.read_tokens += length
 
     def status(self, free_slots: int) -> RankStatus:
-        """Group the window and describe it; call once per round after reading."""
+        """Group the buffer and describe it; call once per round after reading."""
         # Full (samples or bytes): nothing more arrives before the next round, so waiting
         # for a group to fill gains nothing. Below this round's token share it would.
         self._can_read = self._may_read() and self.buffer.has_room()
@@ -148,17 +148,17 @@ class RankRounds:
         return RoundOutcome(plan, steps, self.buffer.take(steps.groups))
 
     def _max_steps(self, statuses: Sequence[RankStatus]) -> int:
-        """The most steps of this round: one while the window still grows, else the cap.
+        """The most steps of this round: one while the buffer still grows, else the cap.
 
         The cap is ``ODBConfig.round_step_cap`` (``max_round_steps``, default ``Q``).
 
-        A ramp round's window is smaller than the full one, so its groups are coarser;
+        A ramp round's buffer is smaller than the full one, so its groups are coarser;
         emitting one step per round keeps that to ``log2(K / K0)`` steps an epoch while
-        the window doubles behind them. Once every rank has read its view the ramp is
+        the buffer doubles behind them. Once every rank has read its view the ramp is
         moot (nothing more arrives), so the drain is not held back. The round index and
         the gathered statuses are the same on every rank, so is this bound.
         """
-        growing = window_budgets_in_round(self.config, self.rounds) < self.config.window_budgets
+        growing = buffer_budgets_in_round(self.config, self.rounds) < self.config.buffer_budgets
         if growing and not all(s.read_done for s in statuses):
             return 1
         return self.config.round_step_cap
@@ -189,23 +189,23 @@ class RankRounds:
         return [payload for *_, payload in self.buffer.drain()]
 
 
-def window_budgets_in_round(config: ODBConfig, round_index: int) -> int:
-    """Budgets of tokens the window reads up to in round ``round_index`` of an epoch.
+def buffer_budgets_in_round(config: ODBConfig, round_index: int) -> int:
+    """Budgets of tokens the buffer reads up to in round ``round_index`` of an epoch.
 
-    ``min(window_budgets, initial_window_budgets * 2**round_index)``: the first round
-    groups a small window, so the epoch's first steps leave after a few reads instead
-    of a whole window's; the window doubles every round, so after
-    ``log2(window_budgets / initial_window_budgets)`` rounds it is full size and the
-    grouping is that of a full window. Every rank counts the same rounds, and the read target only
+    ``min(buffer_budgets, initial_buffer_budgets * 2**round_index)``: the first round
+    groups a small buffer, so the epoch's first steps leave after a few reads instead
+    of a whole buffer's; the buffer doubles every round, so after
+    ``log2(buffer_budgets / initial_buffer_budgets)`` rounds it is full size and the
+    grouping is that of a full buffer. Every rank counts the same rounds, and the read target only
     decides what a rank reports, never how the gathered reports are planned.
 
     Example:
-        >>> cfg = ODBConfig(token_budget=8, window_budgets=64, initial_window_budgets=2)
-        >>> [window_budgets_in_round(cfg, k) for k in range(7)]
+        >>> cfg = ODBConfig(token_budget=8, buffer_budgets=64, initial_buffer_budgets=2)
+        >>> [buffer_budgets_in_round(cfg, k) for k in range(7)]
         [2, 4, 8, 16, 32, 64, 64]
     """
-    doublings = min(round_index, config.window_budgets.bit_length())
-    return min(config.window_budgets, config.initial_window_budgets << doublings)
+    doublings = min(round_index, config.buffer_budgets.bit_length())
+    return min(config.buffer_budgets, config.initial_buffer_budgets << doublings)
 
 
 def _floor_tokens(budget: TokenBudget) -> int:

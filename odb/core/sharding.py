@@ -44,8 +44,8 @@ def rank_view(
 # Who decides which samples a rank reads (``ODBConfig.shard`` once resolved).
 SHARDS: tuple[str, ...] = ("odb", "rank", "worker", "rank_worker")
 MAP_SHARDS: tuple[str, ...] = ("odb", "rank")
-# Fields of the one-per-epoch "meet" row the collate sides all-gather before reading.
-MEET_WIDTH = 4
+# Fields of the one-per-epoch source row the collate sides all-gather before reading.
+SOURCE_ROW_WIDTH = 4
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def resolve_shard(shard: str, facts: SourceFacts) -> str:
 
     ``"auto"`` never picks a mode that can lose samples silently: a map-style dataset
     without a sampler is dealt by ODB (the ranks' dataset sizes and epoch orders are
-    compared at every epoch, :func:`check_meet`), a ``DistributedSampler`` is per rank,
+    compared at every epoch, :func:`check_source_rows`), a ``DistributedSampler`` is per rank,
     a stream that declares its sharding is taken at its word, and where ODB cannot tell
     (another sampler, or an undeclared stream, with more than one rank or worker) it
     refuses and asks.
@@ -134,8 +134,8 @@ def order_fingerprint(order: list[int]) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
 
 
-def meet_row(shard: str, num_samples: int | None, order: list[int] | None) -> list[int]:
-    """This rank's meet row: ``[shard, dataset size, epoch size, order digest]`` (-1: none)."""
+def source_row(shard: str, num_samples: int | None, order: list[int] | None) -> list[int]:
+    """This rank's source row: ``[shard, dataset size, epoch size, order digest]`` (-1: none)."""
     return [
         SHARDS.index(shard),
         -1 if num_samples is None else num_samples,
@@ -144,7 +144,7 @@ def meet_row(shard: str, num_samples: int | None, order: list[int] | None) -> li
     ]
 
 
-def check_meet(rows: list[list[int]]) -> int | None:
+def check_source_rows(rows: list[list[int]]) -> int | None:
     """Refuse, before any sample is read, an epoch whose ranks disagree on their source.
 
     Pure and evaluated on the same gathered rows by every rank, so every rank raises the

@@ -72,9 +72,9 @@ class SampleMeter:
 class SampleReader:
     """Pulls the view's samples, measures and validates them, keeps the IDLE template.
 
-    The :data:`odb.core.lockstep.Pull` of this rank: each sample enters the window as
+    The :data:`odb.core.lockstep.Pull` of this rank: each sample enters the buffer as
     ``(index, sample, length)``, with the bytes of its tensors (:func:`sample_nbytes`)
-    for the window's byte cap.
+    for the buffer's byte cap.
     """
 
     def __init__(

@@ -28,7 +28,7 @@ def _options(method: str) -> dict[str, Any]:
     if method in ("standard", "sorted"):
         return {"cutoff_len": CUTOFF}
     if method == "odb":
-        return {"collate_mode": "thread", "window_budgets": 4, "align_timeout_s": 60.0}
+        return {"collate_mode": "thread", "buffer_budgets": 4, "align_timeout_s": 60.0}
     return {"num_workers": 1} if method == "bmt" else {}  # one method through a worker
 
 

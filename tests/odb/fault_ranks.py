@@ -298,7 +298,7 @@ def build_loader(rank: int, world_size: int, plan: FaultPlan) -> odb.ODBLoader:
         init_timeout_s=30.0,
         shuffle=False,
         queue_depth=2,
-        window_budgets=2,
+        buffer_budgets=2,
     )
     options.update(plan.options)
     return odb.ODBLoader(dataset, collate_fn=FaultCollate(fail_on, plan.stamp_dir), **options)

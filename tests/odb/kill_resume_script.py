@@ -30,7 +30,7 @@ def main(out: Path, phase: str) -> None:
     loader = odb.ODBLoader(
         LengthDataset(LENGTHS),
         token_budget=256,
-        window_budgets=2,
+        buffer_budgets=2,
         queue_depth=2,
         num_workers=1,
         align_timeout_s=30.0,

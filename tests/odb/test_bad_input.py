@@ -151,6 +151,14 @@ def test_unknown_option_named() -> None:
         odb.ODBLoader(SpecDataset(ok()), token_budget=64, tokens_per_batch=8)
 
 
+def test_a_former_option_name_is_refused_with_the_new_name() -> None:
+    with pytest.raises(TypeError, match=r"window_budgets was renamed buffer_budgets.*"
+                       r"pass buffer_budgets=64 instead"):
+        odb.ODBLoader(SpecDataset(ok()), token_budget=64, window_budgets=64)
+    with pytest.raises(TypeError, match=r"window_bytes was renamed buffer_bytes"):
+        odb.wrap(DataLoader(SpecDataset(ok()), batch_size=1), token_budget=64, window_bytes=2**20)
+
+
 def test_wrap_rejects_batched_dataloader() -> None:
     with pytest.raises(ValueError, match=r"batch_size=1.*batch_size=4"):
         odb.wrap(DataLoader(SpecDataset(ok()), batch_size=4), token_budget=64)

@@ -102,7 +102,7 @@ _COMMON = dict(align_timeout_s=60.0, init_timeout_s=60.0, rendezvous_host="127.0
 CASES: dict[int, list[Case]] = {
     2: [
         Case("w2_g1", _varied(40, 1), dict(_COMMON, token_budget=64, grad_accum_steps=1,
-                                           queue_depth=3, window_budgets=2),
+                                           queue_depth=3, buffer_budgets=2),
              masked=frozenset({0, 7, 13, 21})),
         # Every group is a singleton (length > budget / 2) and rank 0 has one sample more:
         # rank 1 must run IDLE steps, here inside windows of 2 without no_sync.
@@ -120,7 +120,7 @@ CASES: dict[int, list[Case]] = {
     ],
     3: [
         Case("w3_g3_no_sync", _varied(50, 4), dict(_COMMON, token_budget=40, grad_accum_steps=3,
-                                                   queue_depth=4, window_budgets=3),
+                                                   queue_depth=4, buffer_budgets=3),
              masked=frozenset({1, 2, 30}), no_sync=True),
         # More ranks than samples: rank 2 reads nothing and runs only IDLE steps.
         Case("w3_g1_more_ranks_than_samples", [9, 14], dict(_COMMON, token_budget=16,

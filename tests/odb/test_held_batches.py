@@ -1,8 +1,8 @@
-"""The window's byte cap counts the batches the trainer still holds, in both modes.
+"""The grouping buffer's byte cap counts the batches the trainer still holds, in both modes.
 
 A collate thread sees a batch freed through a weak reference; a collate process sees
 its pool block come back (``odb._process.handoff.PoolWriter.held_bytes``). A consumer that keeps
-every batch therefore leaves the window one sample at a time once it holds the cap,
+every batch therefore leaves the buffer one sample at a time once it holds the cap,
 while one that lets each batch go gets full steps; every sample arrives once.
 """
 
@@ -48,7 +48,7 @@ def _epoch(mode: str, keep: bool) -> tuple[list[int], list[int]]:
         collate_mode=mode,
         num_workers=1,
         shuffle=False,
-        window_bytes=1_000_000,
+        buffer_bytes=1_000_000,
         queue_depth=2,
     )
     kept, sizes, seen = [], [], []
@@ -67,7 +67,7 @@ def test_a_consumer_that_keeps_every_batch_fills_the_cap(mode: str) -> None:
     free_sizes, free_seen = _epoch(mode, keep=False)
     kept_sizes, kept_seen = _epoch(mode, keep=True)
     assert sorted(free_seen) == sorted(kept_seen) == list(range(len(LENGTHS)))
-    assert max(free_sizes[3:]) >= 5  # the whole cap is the window's: full steps
+    assert max(free_sizes[3:]) >= 5  # the whole cap is the buffer's: full steps
     # Kept: after ~10 samples' bytes in held batches, one sample per step (the last
     # ones; the first rounds read before the trainer had received anything).
     assert kept_sizes[-20:] == [1] * 20

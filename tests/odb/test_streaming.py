@@ -13,7 +13,7 @@ from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 41) % 180 + 1 for i in range(83)]
-OPTIONS = dict(token_budget=256, window_budgets=2, queue_depth=2, align_timeout_s=60.0, shard="odb")
+OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, align_timeout_s=60.0, shard="odb")
 
 
 class LengthStream(IterableDataset):

@@ -15,7 +15,7 @@ import odb
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 17) % 90 + 1 for i in range(37)]
-OPTIONS = dict(collate_mode="thread", window_budgets=2, queue_depth=2)
+OPTIONS = dict(collate_mode="thread", buffer_budgets=2, queue_depth=2)
 _MARK = [0]
 
 

@@ -30,7 +30,7 @@ def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
         LengthDataset(TRAIN_LENGTHS),
         token_budget=256,
         collate_mode=mode,
-        window_budgets=2,
+        buffer_budgets=2,
         queue_depth=2,
         align_timeout_s=60.0,
     )

@@ -48,6 +48,8 @@ def test_overrides_win_and_are_typed() -> None:
     ("method.baseline.cutoff_len=3", "method.baseline.cutoff_len is set by data.cutoff_len"),
     ("method.baseline.batch_size=2", "batch_size means nothing to odb"),
     ("method.odb.polcy=paper", "unknown key 'method.odb.polcy'; ODBConfig fields"),
+    ("method.odb.window_budgets=32",
+     r"method.odb.window_budgets was renamed method.odb.buffer_budgets \(the grouping buffer"),
     ("engine.zero_stage=3", "engine.zero_stage must be 0, 1 or 2"),
     ("model.init=random", "model.init=random needs model.architecture"),
     ("data.holdout_samples=0", "validation.enabled needs a held-out split"),

@@ -1,5 +1,5 @@
 """The epoch engine: its pure parts, and one rank's epoch with no peers (real tensors,
-no processes): when the first batch leaves and what the window holds in bytes."""
+no processes): when the first batch leaves and what the grouping buffer holds in bytes."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_deal_carry_single_rank_keeps_its_carry_in_order() -> None:
     assert deal_carry([[5, 3, 9]], 0) == [5, 3, 9]
 
 
-# ------------------------------------------- the epoch's start and the window's bytes
+# ------------------------------------------- the epoch's start and the buffer's bytes
 
 
 def _epoch(
@@ -67,18 +67,18 @@ def _epoch(
     return result.metrics, emitted
 
 
-def test_the_first_batch_leaves_after_a_few_reads_not_a_whole_window() -> None:
-    """The ramp: the first round groups ``initial_window_budgets`` budgets, so the first
+def test_the_first_batch_leaves_after_a_few_reads_not_a_whole_buffer() -> None:
+    """The ramp: the first round groups ``initial_buffer_budgets`` budgets, so the first
     batch is collated after about that many budgets' worth of reads; without the ramp
-    the whole window (64 budgets, most of this epoch) is read first."""
+    the whole buffer (64 budgets, most of this epoch) is read first."""
     lengths = [50 + (i * 37) % 200 for i in range(600)]  # 50-249 tokens
     ramp = ODBConfig(token_budget=1024, shuffle=False)
-    whole = replace(ramp, initial_window_budgets=ramp.window_budgets)
+    whole = replace(ramp, initial_buffer_budgets=ramp.buffer_budgets)
     ramp_stats, ramp_emits = _epoch(ramp, lengths)
     whole_stats, whole_emits = _epoch(whole, lengths)
-    assert whole_emits[0] >= 64 * 1024 // 250  # a full window of samples < 250 tokens
-    # 4 budgets (the default initial window) of samples of >= 50 tokens
-    assert ramp_emits[0] <= ramp.initial_window_budgets * 1024 // 50 + 1
+    assert whole_emits[0] >= 64 * 1024 // 250  # a full buffer of samples < 250 tokens
+    # 4 budgets (the default initial buffer) of samples of >= 50 tokens
+    assert ramp_emits[0] <= ramp.initial_buffer_budgets * 1024 // 50 + 1
     assert ramp_stats["samples"] == whole_stats["samples"] == len(lengths)
     assert 0 < ramp_stats["first_emit_s"] and 0 < whole_stats["first_emit_s"]
 
@@ -92,26 +92,26 @@ def test_collate_cpu_s_counts_the_collate_sides_cpu(mode: str) -> None:
     assert stats["collate_cpu_s"] >= 0.02 * stats["steps"]
 
 
-def test_the_window_stops_reading_at_window_bytes() -> None:
+def test_the_buffer_stops_reading_at_buffer_bytes() -> None:
     """Samples of about 5 kB (4000 bytes of image data, 16 per token of ids and labels):
-    a 10000-byte window reads while under the cap, so it peaks below the cap plus one
+    a 10000-byte buffer reads while under the cap, so it peaks below the cap plus one
     sample, and every sample is still emitted once."""
     lengths = [30 + i % 50 for i in range(120)]
     largest = 4000 + 16 * max(lengths)
-    cfg = ODBConfig(token_budget=256, shuffle=False, window_bytes=10_000)
+    cfg = ODBConfig(token_budget=256, shuffle=False, buffer_bytes=10_000)
     stats, _ = _epoch(cfg, lengths, pixels=1000)
-    assert 10_000 <= stats["peak_window_bytes"] < 10_000 + largest
+    assert 10_000 <= stats["peak_buffer_bytes"] < 10_000 + largest
     assert stats["samples"] == len(lengths)
-    free, _ = _epoch(replace(cfg, window_bytes=2**30), lengths, pixels=1000)
-    assert free["peak_window_bytes"] > 10_000 + largest
+    free, _ = _epoch(replace(cfg, buffer_bytes=2**30), lengths, pixels=1000)
+    assert free["peak_buffer_bytes"] > 10_000 + largest
 
 
-def test_one_sample_over_window_bytes_is_still_read() -> None:
-    """The cap is checked before a read, so an empty window always reads: a sample
+def test_one_sample_over_buffer_bytes_is_still_read() -> None:
+    """The cap is checked before a read, so an empty buffer always reads: a sample
     larger than the whole cap passes through alone instead of stalling the epoch."""
-    cfg = ODBConfig(token_budget=256, shuffle=False, window_bytes=100)
+    cfg = ODBConfig(token_budget=256, shuffle=False, buffer_bytes=100)
     stats, _ = _epoch(cfg, [40] * 5, pixels=1000)
-    assert stats["peak_window_bytes"] == 4000 + 16 * 40  # one sample: image, ids, labels
+    assert stats["peak_buffer_bytes"] == 4000 + 16 * 40  # one sample: image, ids, labels
     assert (stats["samples"], stats["steps"]) == (5, 5)
 
 
@@ -150,20 +150,20 @@ def _epoch_with_trainer(cfg: ODBConfig, lengths: list[int], keeps: bool) -> tupl
     return result.metrics, [s for s in sizes if s]
 
 
-def test_batches_the_trainer_holds_count_against_window_bytes() -> None:
-    """A trainer that frees each batch at once leaves the window its whole byte cap
+def test_batches_the_trainer_holds_count_against_buffer_bytes() -> None:
+    """A trainer that frees each batch at once leaves the buffer its whole byte cap
     (steps of several samples); one that keeps every batch fills the cap with them, so
-    the window then reads one sample at a time (an empty window always reads) instead
+    the buffer then reads one sample at a time (an empty buffer always reads) instead
     of piling more data on what the trainer holds. Every sample leaves once either way."""
     lengths = [20] * 80  # 4000 bytes of pixels + 320 of ids and labels per sample
-    cfg = ODBConfig(token_budget=200, shuffle=False, window_bytes=40_000)
+    cfg = ODBConfig(token_budget=200, shuffle=False, buffer_bytes=40_000)
     frees, free_sizes = _epoch_with_trainer(cfg, lengths, keeps=False)
     keeps, kept_sizes = _epoch_with_trainer(cfg, lengths, keeps=True)
     assert sum(free_sizes) == sum(kept_sizes) == len(lengths)
     assert max(free_sizes[5:]) >= 5  # the byte cap holds ~9 samples: full steps
     assert max(kept_sizes[10:]) == 1  # what the trainer holds passed the cap
-    assert keeps["peak_window_bytes"] >= 80 * 4000  # the held batches are counted
-    assert frees["peak_window_bytes"] < 40_000 + 4320
+    assert keeps["peak_buffer_bytes"] >= 80 * 4000  # the held batches are counted
+    assert frees["peak_buffer_bytes"] < 40_000 + 4320
 
 
 @pytest.mark.parametrize("cost_model", ["padded", "packed"])

@@ -169,7 +169,7 @@ def test_at_most_max_free_blocks_stay_free_and_the_trainer_unmaps_the_dropped() 
 
 
 def test_the_writer_counts_the_batches_the_trainer_holds_until_it_frees_them() -> None:
-    """What the window's byte cap counts beside the window: a batch is held from its
+    """What the buffer's byte cap counts beside the buffer: a batch is held from its
     encoding until the trainer frees it, whatever order the trainer frees them in, and
     a block reused for a later batch ends the earlier batch, not the later one."""
     writer, reader = _pair()

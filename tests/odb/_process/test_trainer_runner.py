@@ -260,7 +260,7 @@ def test_a_worker_killed_mid_write_is_named() -> None:
         token_budget=8,
         num_workers=2,
         prefetch_factor=8,
-        window_budgets=1,
+        buffer_budgets=1,
         collate_fn=SlowCollate(),
     )
     batches = iter(loader)

@@ -52,12 +52,12 @@ BAD = [
     (dict(num_workers=2, prefetch_factor=0), ValueError, ["prefetch_factor", "0"]),
     (dict(num_workers=2, prefetch_factor=1.5), TypeError, ["prefetch_factor", "1.5"]),
     (dict(prefetch_factor=2), ValueError, ["prefetch_factor", "num_workers"]),
-    (dict(window_budgets=0), ValueError, ["window_budgets", "0"]),
-    (dict(initial_window_budgets=0), ValueError, ["initial_window_budgets", "0"]),
-    (dict(initial_window_budgets=2.0), TypeError, ["initial_window_budgets", "2.0"]),
-    (dict(window_bytes=0), ValueError, ["window_bytes", "0"]),
-    (dict(window_bytes=1e9), TypeError, ["window_bytes", "1000000000.0"]),
-    (dict(window_bytes=None), TypeError, ["window_bytes", "None"]),
+    (dict(buffer_budgets=0), ValueError, ["buffer_budgets", "0"]),
+    (dict(initial_buffer_budgets=0), ValueError, ["initial_buffer_budgets", "0"]),
+    (dict(initial_buffer_budgets=2.0), TypeError, ["initial_buffer_budgets", "2.0"]),
+    (dict(buffer_bytes=0), ValueError, ["buffer_bytes", "0"]),
+    (dict(buffer_bytes=1e9), TypeError, ["buffer_bytes", "1000000000.0"]),
+    (dict(buffer_bytes=None), TypeError, ["buffer_bytes", "None"]),
     (dict(buffer_size=0), ValueError, ["buffer_size", "0"]),
     (dict(buffer_size=-3), ValueError, ["buffer_size", "-3"]),
     (dict(queue_depth=0), ValueError, ["queue_depth", "0"]),
@@ -113,9 +113,9 @@ def test_defaults_and_derived_values():
         "process",
     )
     assert cfg.budget == TokenBudget(8192, "padded", None)
-    assert cfg.window_tokens == cfg.window_budgets * 8192
-    # The window starts at 4 budgets and doubles per round; at most 4 GiB of tensors.
-    assert (cfg.initial_window_budgets, cfg.window_bytes) == (4, 4 * 2**30)
+    assert cfg.buffer_tokens == cfg.buffer_budgets * 8192
+    # The buffer starts at 4 budgets and doubles per round; at most 4 GiB of tensors.
+    assert (cfg.initial_buffer_budgets, cfg.buffer_bytes) == (4, 4 * 2**30)
 
 
 def test_the_round_step_cap_defaults_to_the_queue_depth():
@@ -134,7 +134,7 @@ def test_valid_edge_values_are_accepted():
         seed=0,
         num_workers=1,
         prefetch_factor=1,
-        window_budgets=1,
+        buffer_budgets=1,
         buffer_size=1,
         queue_depth=1,
         age_limit=1,
@@ -198,6 +198,24 @@ def test_from_options_names_unknown_options(options, fragments):
         ODBConfig.from_options(64, options=options)
     for fragment in fragments:
         assert fragment in str(err.value), (fragment, str(err.value))
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("window_budgets", "buffer_budgets"),
+        ("initial_window_budgets", "initial_buffer_budgets"),
+        ("window_bytes", "buffer_bytes"),
+    ],
+)
+def test_a_former_field_name_is_refused_with_the_new_name(old, new):
+    expected = rf"^{old} was renamed {new} \(the grouping buffer; .*\); pass {new}=7 instead$"
+    with pytest.raises(TypeError, match=expected):
+        ODBConfig(token_budget=64, **{old: 7})
+    with pytest.raises(TypeError, match=expected):
+        ODBConfig.from_options(64, options={old: 7})
+    assert not hasattr(ODBConfig(token_budget=64), old)  # no alias
+    assert ODBConfig.RENAMED_FIELDS[old][0] == new
 
 
 def test_from_options_names_the_config_class_of_the_caller():

@@ -108,7 +108,7 @@ def test_free_slots_are_asked_after_the_reads():
 
 def test_max_age_is_the_oldest_at_any_report():
     """A sample that waits is older at each report; ``max_age`` keeps the oldest."""
-    cfg = ODBConfig(token_budget=100, buffer_size=8, window_budgets=1, age_limit=3)
+    cfg = ODBConfig(token_budget=100, buffer_size=8, buffer_budgets=1, age_limit=3)
     world = LockstepWorld(
         [
             LockstepRank(RankRounds(cfg, 2), _pull([Reading(60, 0, "a"), Reading(60, 0, "b")]), 0),
@@ -124,10 +124,10 @@ def test_max_age_is_the_oldest_at_any_report():
     assert [rank.max_age for rank in world.ranks] == [max(col) for col in zip(*ages, strict=True)]
 
 
-def test_the_window_starts_small_and_doubles_every_round():
-    """Samples of one budget each, one step per round: the window reads up to 1, 2, 4,
-    then its full 8 budgets (``window_budgets_in_round``), whatever it emitted."""
-    cfg = ODBConfig(token_budget=10, window_budgets=8, initial_window_budgets=1, queue_depth=1)
+def test_the_buffer_starts_small_and_doubles_every_round():
+    """Samples of one budget each, one step per round: the buffer reads up to 1, 2, 4,
+    then its full 8 budgets (``buffer_budgets_in_round``), whatever it emitted."""
+    cfg = ODBConfig(token_budget=10, buffer_budgets=8, initial_buffer_budgets=1, queue_depth=1)
     world = LockstepWorld(
         [LockstepRank(RankRounds(cfg, 100), _pull([Reading(10, 0, i) for i in range(100)]))]
     )
@@ -136,22 +136,22 @@ def test_the_window_starts_small_and_doubles_every_round():
         (status,), _ = world.round([1])
         held.append(status.buffered_tokens // 10)
     assert held == [1, 2, 4, 8, 8, 8]
-    no_ramp = replace(cfg, initial_window_budgets=8)
+    no_ramp = replace(cfg, initial_buffer_budgets=8)
     rank = LockstepRank(RankRounds(no_ramp, 100), _pull([Reading(10, 0, i) for i in range(100)]))
     assert rank.report(lambda: 1).buffered_tokens == 80
 
 
-def test_the_byte_cap_stops_reading_but_never_starves_the_window():
-    """Reading stops once the window holds ``window_bytes``; an empty window reads even
+def test_the_byte_cap_stops_reading_but_never_starves_the_buffer():
+    """Reading stops once the buffer holds ``buffer_bytes``; an empty buffer reads even
     a sample larger than the cap, so every round has a sample to emit."""
-    cfg = ODBConfig(token_budget=100, window_bytes=50, buffer_size=8)
+    cfg = ODBConfig(token_budget=100, buffer_bytes=50, buffer_size=8)
     rank = LockstepRank(
         RankRounds(cfg, 6),
         _pull([Reading(1, 0, i, nbytes) for i, nbytes in enumerate([20, 20, 20, 200, 5, 5])]),
     )
     status = rank.report(lambda: 4)
     assert (status.buffered, rank.rounds.buffer.nbytes) == (3, 60)  # stopped at >= 50
-    assert status.ready == 1  # a full window cannot read more: its group is ready
+    assert status.ready == 1  # a full buffer cannot read more: its group is ready
     assert rank.decide([status]).payloads == [[0, 1, 2]]
     status = rank.report(lambda: 4)  # empty: reads the 200-byte sample, then stops
     assert (status.buffered, rank.rounds.buffer.nbytes) == (1, 200)
@@ -222,32 +222,32 @@ def _world_run(views, cfg: ODBConfig, ahead: list[int] | None):
     ahead=st.lists(st.integers(0, 6), min_size=1, max_size=5),
     join=st.booleans(),
     buffer_size=st.integers(2, 12),
-    window_bytes=st.integers(50, 3000),
+    buffer_bytes=st.integers(50, 3000),
 )
 def test_reading_ahead_leaves_every_round_unchanged(lengths, ahead, join, buffer_size,
-                                                    window_bytes):
+                                                    buffer_bytes):
     """Samples read ahead while a rank waits are kept aside and taken first by the next
     report: every status and every step is the one the rank makes without them."""
     views = [list(enumerate(lengths))[r::2] for r in range(2)]
     cfg = ODBConfig(token_budget=128, join=join, buffer_size=buffer_size,
-                    window_bytes=window_bytes, window_budgets=2, initial_window_budgets=1)
+                    buffer_bytes=buffer_bytes, buffer_budgets=2, initial_buffer_budgets=1)
     plain, _ = _world_run(views, cfg, None)
     read_ahead, ranks = _world_run(views, cfg, ahead)
     assert read_ahead == plain
-    for rank in ranks:  # held together with the window within its caps (+ one sample)
-        assert rank.peak_bytes < window_bytes + 10 * 120
+    for rank in ranks:  # held together with the buffer within its caps (+ one sample)
+        assert rank.peak_bytes < buffer_bytes + 10 * 120
 
 
 def test_read_ahead_stops_at_the_caps_the_view_and_the_read_limit():
-    cfg = ODBConfig(token_budget=100, window_bytes=50, buffer_size=4)
+    cfg = ODBConfig(token_budget=100, buffer_bytes=50, buffer_size=4)
     pull = _pull([Reading(1, 0, i, 20) for i in range(10)])
     rank = LockstepRank(RankRounds(cfg, 10), pull)
-    rank.report(lambda: 4)  # the window holds 3 samples, 60 bytes: past the byte cap
+    rank.report(lambda: 4)  # the buffer holds 3 samples, 60 bytes: past the byte cap
     assert not rank.read_ahead() and rank.read_ahead_count == 0
     rank.decide([rank.rounds.status(4)])  # emits all three
     assert rank.read_ahead() and rank.read_ahead() and not rank.read_ahead()  # 60 bytes
     assert rank.read_ahead_count == 3 and rank.peak_bytes == 60
-    unlimited = replace(cfg, window_bytes=10**6)
+    unlimited = replace(cfg, buffer_bytes=10**6)
     rank = LockstepRank(RankRounds(unlimited, 3), _pull([Reading(1, 0, i) for i in range(9)]))
     rank.report(lambda: 4)
     assert not rank.read_ahead()  # the view's three samples are all read
@@ -258,7 +258,7 @@ def test_read_ahead_stops_at_the_caps_the_view_and_the_read_limit():
 
 
 def test_a_pull_error_while_reading_ahead_is_raised_where_report_reaches_it():
-    cfg = ODBConfig(token_budget=100, window_budgets=1, initial_window_budgets=1)
+    cfg = ODBConfig(token_budget=100, buffer_budgets=1, initial_buffer_budgets=1)
 
     def pull_then_fail():
         yield Reading(60, 0, "a")
@@ -276,7 +276,7 @@ def test_a_pull_error_while_reading_ahead_is_raised_where_report_reaches_it():
 
 
 def test_a_streams_samples_read_ahead_are_handed_back_for_the_carry():
-    cfg = ODBConfig(token_budget=100, window_budgets=1, initial_window_budgets=1)
+    cfg = ODBConfig(token_budget=100, buffer_budgets=1, initial_buffer_budgets=1)
     rank = LockstepRank(RankRounds(cfg, None), _pull([Reading(60, 0, i) for i in range(4)]))
     rank.report(lambda: 4)
     while rank.read_ahead():
@@ -319,7 +319,7 @@ def test_the_engine_and_the_simulator_run_the_same_rounds(seed, policy):
         token_budget=128,
         policy=policy,
         buffer_size=rng.randint(4, 16),
-        window_budgets=rng.randint(1, 4),
+        buffer_budgets=rng.randint(1, 4),
         queue_depth=rng.randint(1, 4),
         age_limit=rng.randint(1, 4),
         shuffle=False,

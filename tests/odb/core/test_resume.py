@@ -24,7 +24,7 @@ from tests.odb.scenarios import LengthDataset
 LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
 OPTIONS = dict(
     token_budget=256,
-    window_budgets=2,
+    buffer_budgets=2,
     queue_depth=2,
     collate_mode="thread",
     seed=5,

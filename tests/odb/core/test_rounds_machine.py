@@ -5,18 +5,18 @@ all-gather in memory (``LockstepWorld``); the machine checks each round between 
 reports and the decisions, and after them.
 
 Hypothesis draws the scenario (ranks, per-rank views with their own length profiles,
-sample bytes and sizes, empty views included, policy, budget, small window/ramp/byte
+sample bytes and sizes, empty views included, policy, budget, small buffer/ramp/byte
 cap/buffer/queue/age settings) and, per round, every rank's free output slots.
 Invariants are checked every round; the teardown runs the epoch to its end and checks
 the end-of-epoch guarantees.
 
 Bounds checked (derived in the comments where they are checked):
 
-* reading: every sample is read while the window holds fewer tokens than the round's
-  share of the window (``min(window_budgets, initial_window_budgets * 2**round)``
-  budgets), fewer than ``buffer_size`` samples and fewer than ``window_bytes`` bytes;
-  a rank that stops reading with its view unread has hit one of these; so the window
-  never holds more than ``window_bytes`` plus one sample's bytes;
+* reading: every sample is read while the buffer holds fewer tokens than the round's
+  share of the buffer (``min(buffer_budgets, initial_buffer_budgets * 2**round)``
+  budgets), fewer than ``buffer_size`` samples and fewer than ``buffer_bytes`` bytes;
+  a rank that stops reading with its view unread has hit one of these; so the buffer
+  never holds more than ``buffer_bytes`` plus one sample's bytes;
 * ages: a sample's age (rounds waited) is at most ``age_limit + buffer_size - 1``, and
   every round whose oldest sample is overdue emits a sample of that age;
 * termination: rounds after every view is read <= the most samples any rank held when
@@ -109,9 +109,9 @@ def scenarios(draw, join: bool) -> Scenario:
         max_patches=max_patches,
         policy=draw(st.sampled_from(["balanced", "paper"])),
         join=join,
-        window_budgets=draw(st.integers(1, 3)),
-        initial_window_budgets=draw(st.integers(1, 3)),
-        window_bytes=draw(st.integers(1, 100) | st.just(2**30)),
+        buffer_budgets=draw(st.integers(1, 3)),
+        initial_buffer_budgets=draw(st.integers(1, 3)),
+        buffer_bytes=draw(st.integers(1, 100) | st.just(2**30)),
         buffer_size=draw(st.integers(1, 8)),
         queue_depth=draw(st.integers(1, 4)),
         age_limit=draw(st.integers(1, 4)),
@@ -131,8 +131,8 @@ def pacing_scenarios(draw, join: bool) -> Scenario:
         token_budget=budget,
         policy=draw(st.sampled_from(["balanced", "paper"])),
         join=join,
-        window_budgets=draw(st.integers(2, 6)),
-        initial_window_budgets=draw(st.integers(1, 6)),
+        buffer_budgets=draw(st.integers(2, 6)),
+        initial_buffer_budgets=draw(st.integers(1, 6)),
         buffer_size=draw(st.integers(8, 64)),
         queue_depth=draw(st.integers(2, 6)),
         age_limit=draw(st.integers(1, 6)),
@@ -185,10 +185,10 @@ class RoundsMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ one round
 
-    def _window_tokens(self) -> int:
-        """This round's share of the window: the ramp restated, in tokens."""
+    def _buffer_tokens(self) -> int:
+        """This round's share of the buffer: the ramp restated, in tokens."""
         cfg = self.cfg
-        budgets = min(cfg.window_budgets, cfg.initial_window_budgets * 2**self.rounds)
+        budgets = min(cfg.buffer_budgets, cfg.initial_buffer_budgets * 2**self.rounds)
         return budgets * cfg.token_budget
 
     def _pull(self, r: int):
@@ -200,9 +200,9 @@ class RoundsMachine(RuleBasedStateMachine):
             assert i < len(view), f"rank {r} wants to read past its view ({i} of {len(view)})"
             # The reading rule: below the round's token share and under both caps.
             buf = rr.buffer
-            assert buf.tokens < self._window_tokens(), (buf.tokens, self._window_tokens())
+            assert buf.tokens < self._buffer_tokens(), (buf.tokens, self._buffer_tokens())
             assert len(buf) < self.cfg.buffer_size
-            assert buf.nbytes < self.cfg.window_bytes, (buf.nbytes, self.cfg.window_bytes)
+            assert buf.nbytes < self.cfg.buffer_bytes, (buf.nbytes, self.cfg.buffer_bytes)
             length, patches, nbytes = view[i]
             self.born[r][i] = self.rounds
             self.read_tokens[r] += length
@@ -215,23 +215,23 @@ class RoundsMachine(RuleBasedStateMachine):
         assert not rr.wants_read()
         buf = rr.buffer
         if rr._may_read():
-            # It stopped with samples left to read: the window is at the round's share,
-            # or at a cap (the empty window always reads, so no rank stalls).
+            # It stopped with samples left to read: the buffer is at the round's share,
+            # or at a cap (the empty buffer always reads, so no rank stalls).
             assert (
-                buf.tokens >= self._window_tokens()
+                buf.tokens >= self._buffer_tokens()
                 or len(buf) >= cfg.buffer_size
-                or buf.nbytes >= cfg.window_bytes
+                or buf.nbytes >= cfg.buffer_bytes
             )
             assert len(buf) > 0
-            if buf.nbytes >= cfg.window_bytes:
+            if buf.nbytes >= cfg.buffer_bytes:
                 event("the byte cap stopped reading")
-            elif len(buf) < cfg.buffer_size and buf.tokens < cfg.window_tokens:
-                event("the ramp stopped reading below the full window")
-        # The byte bound: a read needs the window under window_bytes, so it holds less
-        # than window_bytes plus one sample. The peak is what the metrics report.
+            elif len(buf) < cfg.buffer_size and buf.tokens < cfg.buffer_tokens:
+                event("the ramp stopped reading below the full buffer")
+        # The byte bound: a read needs the buffer under buffer_bytes, so it holds less
+        # than buffer_bytes plus one sample. The peak is what the metrics report.
         held = sum(self.views[r][i][2] for i in self.born[r] if i not in self.emitted[r])
         assert buf.nbytes == held
-        assert buf.nbytes < cfg.window_bytes + self.max_sample_bytes or buf.nbytes == 0
+        assert buf.nbytes < cfg.buffer_bytes + self.max_sample_bytes or buf.nbytes == 0
         self.peak_bytes[r] = max(self.peak_bytes[r], buf.nbytes)
         assert buf.peak_nbytes == self.peak_bytes[r]
         if not self.cfg.join and self.prev_statuses is not None:
@@ -273,7 +273,7 @@ class RoundsMachine(RuleBasedStateMachine):
             can_read = (
                 rr._may_read()
                 and len(rr.buffer) < cfg.buffer_size
-                and rr.buffer.nbytes < cfg.window_bytes
+                and rr.buffer.nbytes < cfg.buffer_bytes
             )
             if not can_read:
                 # buffer.plan: a nonempty buffer that cannot read more has a ready group.
@@ -300,8 +300,8 @@ class RoundsMachine(RuleBasedStateMachine):
                 assert any(s.dry for s in statuses), "non-join: ended with no rank dry"
             return
         assert 1 <= plan.target <= cfg.queue_depth
-        if self._window_tokens() < cfg.window_tokens and not all_read:
-            assert plan.target == 1, "a round of a growing window emitted more than one step"
+        if self._buffer_tokens() < cfg.buffer_tokens and not all_read:
+            assert plan.target == 1, "a round of a growing buffer emitted more than one step"
         if cfg.join:
             assert plan.read_limit is None
         else:

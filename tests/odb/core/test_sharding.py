@@ -15,11 +15,11 @@ from torch.utils.data import DistributedSampler, IterableDataset, SubsetRandomSa
 import odb
 from odb.core.detect import declared_shard
 from odb.core.resume import LoaderState
-from odb.core.sharding import SourceFacts, check_meet, meet_row, resolve_shard
+from odb.core.sharding import SourceFacts, check_source_rows, resolve_shard, source_row
 from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
-OPTIONS = dict(token_budget=256, window_budgets=2, queue_depth=2, collate_mode="thread")
+OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, collate_mode="thread")
 OPTIONS["align_timeout_s"] = 60.0
 
 
@@ -57,15 +57,15 @@ def test_explicit_shard_that_would_lose_data_is_refused() -> None:
     assert resolve_shard("rank", _facts(stream=True, workers=2)) == "rank"
 
 
-def test_meet_check() -> None:
-    same = [meet_row("odb", 10, list(range(10)))] * 2
-    assert check_meet(same) == 10
+def test_source_check() -> None:
+    same = [source_row("odb", 10, list(range(10)))] * 2
+    assert check_source_rows(same) == 10
     with pytest.raises(ValueError, match=r"\[600, 700\].*shard='rank'"):
-        check_meet([meet_row("odb", 600, list(range(600))), meet_row("odb", 700, [0])])
+        check_source_rows([source_row("odb", 600, list(range(600))), source_row("odb", 700, [0])])
     with pytest.raises(ValueError, match="orders differ"):
-        check_meet([meet_row("odb", 3, [0, 1, 2]), meet_row("odb", 3, [2, 1, 0])])
-    assert check_meet([meet_row("rank", 6, [0, 1]), meet_row("rank", 9, [0, 1, 2])]) == 5
-    assert check_meet([meet_row("worker", None, None)] * 3) is None
+        check_source_rows([source_row("odb", 3, [0, 1, 2]), source_row("odb", 3, [2, 1, 0])])
+    assert check_source_rows([source_row("rank", 6, [0, 1]), source_row("rank", 9, [0, 1, 2])]) == 5
+    assert check_source_rows([source_row("worker", None, None)] * 3) is None
 
 
 def test_remaining_follows_a_sampler_order() -> None:
