@@ -1,6 +1,6 @@
 """CI slice of the randomized soak (``python -m bench.soak``): 30 scenarios, all clean.
 
-The full run (>= 500 scenarios, reported in ``docs/reliability.md``) draws the same
+The full run (hundreds of scenarios, reported in ``docs/reliability.md``) draws the same
 space; this slice uses its cheaper ``quick`` draw so it stays near a minute on 2 cores.
 Set ``ODB_SOAK_SEED`` to try other seeds.
 """
