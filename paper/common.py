@@ -287,12 +287,6 @@ def save_figure(fig: Any, path: Path) -> None:
     fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
 
 
-def speedup(run: Run, ref: Run | None) -> float:
-    if ref is None or ref.throughput <= 0:
-        return math.nan
-    return run.throughput / ref.throughput
-
-
 # -- measurements, their spread and the claim rule -------------------------------------
 
 MIN_PAIRINGS = 3
