@@ -1,6 +1,7 @@
 """Table + figure: token budget L_max sweep — ODB throughput vs the budget.
 
-Speedup is against Standard at the dataset's own budget (the main grid's setting).
+Speedup is against Standard at the dataset's own budget (the main grid's setting); each
+L_max is judged against ODB at that budget by the claim rule (``paper.common.verdict``).
 The paper: throughput grows with L_max until memory or step time dominates; its best
 L_max was 12288 on UltraChat and 14336 on ShareGPT4o.
 
@@ -12,64 +13,96 @@ from __future__ import annotations
 import pandas as pd
 
 from paper.common import (
+    CLAIM_RULE,
     DATASET_LABEL,
+    Collected,
+    Run,
+    Spread,
+    by_variant,
     collect,
+    compare,
     figure_path,
-    num,
+    fixed,
+    padded_per_sample,
     parse_args,
+    pooled,
     pyplot,
     save_figure,
     scale_note,
     sort_key,
-    speedup,
     write_table,
+    yerr,
 )
 
 NAME = "budget"
 
 
+def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
+    """One L_max (``runs``: its seeds): timings with their spread, the verdict against
+    ODB at the dataset's default budget, and the machine-independent figures."""
+    first = runs[0]
+    samples = Spread.of(pooled(runs))
+    up = compare(runs, got.reference)
+    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    row = {
+        "Dataset": DATASET_LABEL[first["dataset"]],
+        "Setting": first.setting,
+        "L_max": first["budget"],
+        "Samples/s": samples.format(),
+        "Speedup vs Standard": up.cell(),
+        "vs default L_max": vs_default.cell(),
+        "Verdict vs default": vs_default.verdict,
+        "Padding eff.": fixed([r.result["padding_efficiency"] for r in runs], 3),
+        "Budget fill": fixed([r.loader("budget_fill") for r in runs], 3),
+        "Steps": fixed([r.result["steps"] for r in runs]),
+        "Padded tok./sample": fixed([padded_per_sample(r) for r in runs], 1),
+    }
+    data = {
+        "dataset": first["dataset"],
+        "budget": first["budget"],
+        "samples_per_s": samples.to_dict(),
+        "speedup": up.to_dict(),
+        "vs_default": vs_default.to_dict(),
+    }
+    return row, data
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
     got = collect(args, NAME)
-    rows, data = [], []
-    for run in sorted(got.find(method="odb"), key=lambda r: (sort_key(r), r["budget"])):
-        up = speedup(run, got.reference(run))
-        rows.append(
-            {
-                "Dataset": DATASET_LABEL[run["dataset"]],
-                "Setting": run.setting,
-                "L_max": run["budget"],
-                "Samples/s": num(run.throughput),
-                "Speedup vs Standard": num(up, 2, "x"),
-                "Padding eff.": num(run.result["padding_efficiency"], 3),
-                "Budget fill": num(run.loader("budget_fill"), 3),
-                "Steps": run.result["steps"],
-            }
-        )
-        data.append(
-            {
-                "dataset": run["dataset"],
-                "budget": run["budget"],
-                "samples_per_s": run.throughput,
-                "speedup": up,
-            }
-        )
+    odb = sorted(got.find(method="odb"), key=lambda r: (sort_key(r), r["budget"]))
+    made = [_row(got, runs) for runs in by_variant(odb)]
+    data = [d for _, d in made]
     write_table(
         args,
         NAME,
-        pd.DataFrame(rows),
+        pd.DataFrame([row for row, _ in made]),
         "Token budget sweep (ODB)",
-        ["Speedup vs Standard at the dataset's default budget.", scale_note(got.grid)],
+        [
+            "Speedup vs Standard at the dataset's default budget; vs default L_max: ODB "
+            "against ODB at the default budget, per pairing. " + CLAIM_RULE,
+            scale_note(got.grid),
+        ],
         got.missing,
         data,
     )
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4, 3))
     for dataset in sorted({d["dataset"] for d in data}):
-        pts = sorted((d["budget"], d["samples_per_s"]) for d in data if d["dataset"] == dataset)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=DATASET_LABEL[dataset])
+        pts = sorted(
+            ((d["budget"], d["samples_per_s"]) for d in data if d["dataset"] == dataset),
+            key=lambda p: p[0],
+        )
+        ax.errorbar(
+            [b for b, _ in pts],
+            [s["median"] for _, s in pts],
+            yerr=yerr([s for _, s in pts]),
+            marker="o",
+            capsize=2,
+            label=DATASET_LABEL[dataset],
+        )
     ax.set_xlabel("token budget L_max")
-    ax.set_ylabel("ODB samples/s")
+    ax.set_ylabel("ODB samples/s (median, min-max)")
     if data:
         ax.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))

@@ -7,6 +7,13 @@ torch, no training code. The manifest (``results/paper/grid.json``, written by
 result fails the script with the list of missing cells, unless ``--allow-partial`` is
 given: then the table is made from what exists and names the missing cells under it.
 
+Timings are repeated measurements, never one number: :func:`measurements` says what a
+measurement is (each whole epoch after a warm-up epoch; the seeds of a cell add more),
+:func:`pairings` pairs a run's measurements with its reference's by position,
+:class:`Spread` is the one cell format of a timing or a ratio (``2.10x [1.98-2.24] n=3``)
+and :func:`verdict` is the one rule by which a table or the report says "faster",
+"slower" or "within noise".
+
 Every script has the same command line::
 
     python -m paper.<table> --grid results/paper/grid.json --out-dir results/paper \\
@@ -85,22 +92,18 @@ class Collected:
         """Runs whose cell attributes equal ``attrs`` (``options`` compares as a dict)."""
         return [r for r in self.runs if all(r.cell.get(k) == v for k, v in attrs.items())]
 
+    def counterpart(self, run: Run, **changes: Any) -> Run | None:
+        """The run whose cell equals ``run``'s but for ``changes`` (same seed unless
+        changed), or None. ``counterpart(gmt_run, method="odb")`` is ODB in GMT's cell."""
+        want = {k: v for k, v in run.cell.items() if k not in ("result", "evals")}
+        want.update(changes)
+        found = self.find(**want)
+        return found[0] if found else None
+
     def reference(self, run: Run, method: str = "standard") -> Run | None:
-        """The run of ``method`` with ``run``'s dataset, model, mode, nodes, seed and the
-        dataset's default budget and no options (the speedup reference)."""
-        for other in self.find(
-            data=run["data"],
-            method=method,
-            model=run["model"],
-            mode=run["mode"],
-            nodes=run["nodes"],
-            seed=run["seed"],
-            options={},
-            epochs=None,
-        ):
-            if other.cell["budget"] == other.cell["default_budget"]:
-                return other
-        return None
+        """The run of ``method`` with ``run``'s data, model, mode, nodes, seed and epochs,
+        the dataset's default budget and no options (the speedup reference)."""
+        return self.counterpart(run, method=method, options={}, budget=run["default_budget"])
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -269,15 +272,228 @@ def pyplot():
     return plt
 
 
+def yerr(spreads: Sequence[Mapping[str, Any] | None]) -> list[list[float]]:
+    """matplotlib's asymmetric error bars (median to min, median to max) of
+    ``Spread.to_dict()`` values; 0 where there is none."""
+    ok = [s if s and s["n"] else None for s in spreads]
+    return [
+        [s["median"] - s["low"] if s else 0.0 for s in ok],
+        [s["high"] - s["median"] if s else 0.0 for s in ok],
+    ]
+
+
 def save_figure(fig: Any, path: Path) -> None:
     # no timestamp in the file, so equal inputs give equal bytes
     fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
 
 
-def speedup(run: Run, ref: Run | None) -> float:
-    if ref is None or ref.throughput <= 0:
-        return math.nan
-    return run.throughput / ref.throughput
+# -- measurements, their spread and the claim rule -------------------------------------
+
+MIN_PAIRINGS = 3
+FASTER, SLOWER, WITHIN_NOISE, TOO_FEW = "faster", "slower", "within noise", "too few measurements"
+CLAIM_RULE = (
+    f'Verdicts follow the claim rule: with n >= {MIN_PAIRINGS} paired ratios, "{FASTER}" if '
+    f'every ratio > 1, "{SLOWER}" if every ratio < 1, else "{WITHIN_NOISE}"; with n < '
+    f'{MIN_PAIRINGS}, "{TOO_FEW}" and no direction.'
+)
+
+
+def measurements(run: Run) -> list[float]:
+    """The run's throughput measurements (samples/s), in epoch order.
+
+    A measurement is one whole epoch that ran in one segment (``epoch_timings``:
+    samples / wall_s). The first timed epoch is a warm-up (process and worker start-up,
+    allocator, caches) and is dropped, so a run that timed ``k >= 2`` epochs gives
+    ``k - 1`` measurements. A run that timed fewer (an older result without
+    ``epoch_timings``, a one-epoch run, a run resumed mid-epoch) gives one: its own
+    ``throughput_samples_per_s`` over the whole loop.
+
+    Example:
+        >>> run = Run("r", {}, {"throughput_samples_per_s": 3.0, "epoch_timings": [
+        ...     {"epoch": 0, "wall_s": 4.0, "samples": 8, "steps": 2},
+        ...     {"epoch": 1, "wall_s": 2.0, "samples": 8, "steps": 2}]})
+        >>> measurements(run)
+        [4.0]
+    """
+    timings = run.result.get("epoch_timings") or []
+    if len(timings) < 2:
+        return [run.throughput]
+    for t in timings:
+        if t["wall_s"] <= 0:
+            raise ValueError(
+                f"{run.name}: epoch {t['epoch']} has wall_s {t['wall_s']}; a timed epoch "
+                "takes time: rerun the cell (its result file is not a real run's)"
+            )
+    return [t["samples"] / t["wall_s"] for t in timings[1:]]
+
+
+def paired_ratios(values: Sequence[float], reference: Sequence[float]) -> list[float]:
+    """``values[k] / reference[k]`` for each position both have (epoch k with epoch k).
+
+    Example:
+        >>> paired_ratios([4.0, 6.0, 5.0], [2.0, 3.0])
+        [2.0, 2.0]
+    """
+    if any(r <= 0 for r in reference):
+        raise ValueError(f"reference measurements must be > 0, got {list(reference)}")
+    return [v / r for v, r in zip(values, reference, strict=False)]
+
+
+def pairings(
+    runs: Iterable[Run],
+    ref_of: Callable[[Run], Run | None],
+    measure: Callable[[Run], list[float]] = measurements,
+) -> list[float]:
+    """Every pairing of ``runs`` (seeds of one cell) with their references: each run's
+    ``measure`` paired by position with that of ``ref_of(run)`` (same seed); a run
+    without a reference adds none."""
+    out: list[float] = []
+    for run in runs:
+        ref = ref_of(run)
+        if ref is not None:
+            out += paired_ratios(measure(run), measure(ref))
+    return out
+
+
+def pooled(runs: Iterable[Run]) -> list[float]:
+    """The measurements of all ``runs`` (the seeds of one cell are repeats)."""
+    return [m for run in runs for m in measurements(run)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, min, max and count of a set of measurements (or of paired ratios).
+
+    Example:
+        >>> Spread.of([2.24, 1.98, 2.10]).format(2, "x")
+        '2.10x [1.98-2.24] n=3'
+        >>> Spread.of([2.1]).format(2, "x")
+        '2.10x (n=1)'
+    """
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        values = [float(v) for v in values]
+        if not values:
+            return cls(math.nan, math.nan, math.nan, 0)
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def format(self, digits: int = 2, suffix: str = "") -> str:
+        """The one cell format of every timing and ratio in the tables."""
+        if self.n == 0:
+            return "–"
+        median = f"{self.median:.{digits}f}{suffix}"
+        if self.n == 1:
+            return f"{median} (n=1)"
+        return f"{median} [{self.low:.{digits}f}-{self.high:.{digits}f}] n={self.n}"
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """JSON-ready (None where there is no measurement)."""
+        if self.n == 0:
+            return {"median": None, "low": None, "high": None, "n": 0}
+        return {"median": self.median, "low": self.low, "high": self.high, "n": self.n}
+
+
+def verdict(ratios: Sequence[float]) -> str:
+    """The claim rule: what a set of paired ratios (run / reference) lets a table say.
+
+    With ``n >= 3`` ratios: ``"faster"`` when every ratio is > 1, ``"slower"`` when
+    every ratio is < 1, otherwise ``"within noise"``. With fewer: ``"too few
+    measurements (n=K)"``, never a direction.
+
+    Why: the two sides of a pairing were measured alike (same seed, same epoch
+    position), so a real difference shows in every pairing while the machine's drift
+    does not. It is a sign test: with no difference, n ratios fall on one side with
+    probability 2 * 0.5**n (0.25 for n = 3, 0.06 for n = 5), so 3 is the floor below
+    which nothing is claimed; more repeats sharpen the verdict, the rule stays.
+
+    Example:
+        >>> verdict([1.2, 1.1, 1.3]), verdict([1.2, 0.9, 1.3]), verdict([1.2, 1.1])
+        ('faster', 'within noise', 'too few measurements (n=2)')
+    """
+    if len(ratios) < MIN_PAIRINGS:
+        return f"{TOO_FEW} (n={len(ratios)})"
+    if all(r > 1 for r in ratios):
+        return FASTER
+    if all(r < 1 for r in ratios):
+        return SLOWER
+    return WITHIN_NOISE
+
+
+def claim(ratios: Sequence[float]) -> dict[str, Any]:
+    """The JSON of a comparison: the ratios' median, low, high, n and the verdict."""
+    return {**Spread.of(ratios).to_dict(), "verdict": verdict(ratios)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The paired ratios of a cell's runs against their references, as a table shows them.
+
+    The reference's own row (every run its own reference) reads ``reference``.
+
+    Example:
+        >>> c = Comparison((1.1, 1.2, 1.05))
+        >>> c.cell(), c.verdict
+        ('1.10x [1.05-1.20] n=3', 'faster')
+    """
+
+    ratios: tuple[float, ...]
+    is_reference: bool = False
+
+    def cell(self) -> str:
+        return "reference" if self.is_reference else Spread.of(self.ratios).format(2, "x")
+
+    @property
+    def verdict(self) -> str:
+        return "–" if self.is_reference else verdict(self.ratios)
+
+    def to_dict(self) -> dict[str, Any] | None:
+        return None if self.is_reference else claim(self.ratios)
+
+
+def compare(
+    runs: Sequence[Run],
+    ref_of: Callable[[Run], Run | None],
+    measure: Callable[[Run], list[float]] = measurements,
+) -> Comparison:
+    """``runs`` (the seeds of one cell) against ``ref_of`` each, paired by position."""
+    if all(ref_of(run) is run for run in runs):
+        return Comparison((), is_reference=True)
+    return Comparison(tuple(pairings(runs, ref_of, measure)))
+
+
+def fixed(values: Sequence[Any], digits: int = 0) -> str:
+    """A machine-independent figure over a cell's seeds: the value when they agree, else
+    mean ± std; ``–`` when absent."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "–"
+    if len(set(present)) == 1:
+        return f"{float(present[0]):.{digits}f}"
+    return mean_std(present, digits)
+
+
+def by_variant(runs: Iterable[Run]) -> list[list[Run]]:
+    """``runs`` grouped into cells that differ only by seed (repeats), in first-seen order."""
+    groups = group(
+        runs,
+        lambda r: json.dumps(
+            {k: v for k, v in r.cell.items() if k not in ("seed", "result", "evals")},
+            sort_keys=True,
+        ),
+    )
+    return list(groups.values())
+
+
+def padded_per_sample(run: Run) -> float | None:
+    """Padded tokens per emitted sample (what a sample costs under the budget's model)."""
+    padded, samples = run.result.get("padded_tokens"), run.result["emitted_samples"]
+    return padded / samples if padded is not None and samples else None
 
 
 def scale_note(grid: Mapping[str, Any]) -> str:

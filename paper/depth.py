@@ -3,7 +3,8 @@
 D = DataLoader workers x prefetch_factor (requests in flight; torch's default factor is
 2). Pipeline overlap = 1 - (trainer's data-wait time / training wall time): the share of
 the loop not spent waiting for data. The paper: past ~95% overlap, a larger D buys
-little.
+little. Each D is judged against ODB's default depth by the claim rule
+(``paper.common.verdict``), so a difference inside the noise is not read as an effect.
 
     python -m paper.depth --grid results/paper/grid.json --out-dir results/paper
 """
@@ -13,16 +14,23 @@ from __future__ import annotations
 import pandas as pd
 
 from paper.common import (
+    CLAIM_RULE,
     DATASET_LABEL,
+    Collected,
+    Run,
+    Spread,
+    by_variant,
     collect,
+    compare,
     figure_path,
-    num,
+    fixed,
     parse_args,
+    pooled,
     pyplot,
     save_figure,
     scale_note,
-    speedup,
     write_table,
+    yerr,
 )
 
 NAME = "depth"
@@ -39,56 +47,76 @@ def overlap(run) -> float:
     return 1.0 - float(run.result["data_wait_s"]) / wall if wall > 0 else float("nan")
 
 
+def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
+    """One depth (``runs``: its seeds): timings with their spread and the verdict against
+    ODB's default depth. Data wait and overlap are one figure per run (n: seeds)."""
+    first = runs[0]
+    samples = Spread.of(pooled(runs))
+    up = compare(runs, got.reference)
+    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    over = Spread.of(100 * overlap(r) for r in runs)
+    row = {
+        "Dataset": DATASET_LABEL[first["dataset"]],
+        "Setting": first.setting,
+        "D": depth(first),
+        "Samples/s": samples.format(),
+        "Speedup vs Standard": up.cell(),
+        "vs default D": vs_default.cell(),
+        "Verdict vs default": vs_default.verdict,
+        "Data wait s": Spread.of(float(r.result["data_wait_s"]) for r in runs).format(),
+        "Overlap %": over.format(1),
+        "Steps": fixed([r.result["steps"] for r in runs]),
+    }
+    data = {
+        "dataset": first["dataset"],
+        "depth": depth(first),
+        "samples_per_s": samples.to_dict(),
+        "speedup": up.to_dict(),
+        "vs_default": vs_default.to_dict(),
+        "overlap": over.median / 100,
+    }
+    return row, data
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
     got = collect(args, NAME)
-    rows, data = [], []
-    for run in sorted(got.find(method="odb"), key=lambda r: (r["dataset"], depth(r))):
-        up = speedup(run, got.reference(run))
-        rows.append(
-            {
-                "Dataset": DATASET_LABEL[run["dataset"]],
-                "Setting": run.setting,
-                "D": depth(run),
-                "Samples/s": num(run.throughput),
-                "Speedup vs Standard": num(up, 2, "x"),
-                "Data wait s": num(run.result["data_wait_s"], 2),
-                "Overlap %": num(100 * overlap(run), 1),
-            }
-        )
-        data.append(
-            {
-                "dataset": run["dataset"],
-                "depth": depth(run),
-                "samples_per_s": run.throughput,
-                "overlap": overlap(run),
-            }
-        )
+    odb = sorted(got.find(method="odb"), key=lambda r: (r["dataset"], depth(r)))
+    made = [_row(got, runs) for runs in by_variant(odb)]
+    data = [d for _, d in made]
     write_table(
         args,
         NAME,
-        pd.DataFrame(rows),
+        pd.DataFrame([row for row, _ in made]),
         "Outstanding depth D sweep (ODB)",
         [
-            "D = workers x prefetch_factor; overlap = 1 - data wait / train time.",
+            "D = workers x prefetch_factor; overlap = 1 - data wait / train time (one "
+            "figure per run). vs default D: ODB against ODB at its default depth, per "
+            "pairing. " + CLAIM_RULE,
             scale_note(got.grid),
         ],
         got.missing,
         data,
     )
+    _figure(args, data)
+
+
+def _figure(args, data: list[dict]) -> None:
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(7, 3))
     for dataset in sorted({d["dataset"] for d in data}):
-        pts = sorted(
-            (d["depth"], d["samples_per_s"], d["overlap"]) for d in data if d["dataset"] == dataset
+        pts = sorted((d for d in data if d["dataset"] == dataset), key=lambda d: d["depth"])
+        xs = [d["depth"] for d in pts]
+        left.errorbar(
+            xs,
+            [d["samples_per_s"]["median"] for d in pts],
+            yerr=yerr([d["samples_per_s"] for d in pts]),
+            marker="o",
+            capsize=2,
+            label=DATASET_LABEL[dataset],
         )
-        left.plot(
-            [p[0] for p in pts], [p[1] for p in pts], marker="o", label=DATASET_LABEL[dataset]
-        )
-        right.plot(
-            [p[0] for p in pts], [100 * p[2] for p in pts], marker="o", label=DATASET_LABEL[dataset]
-        )
-    left.set(xlabel="outstanding depth D", ylabel="ODB samples/s", xscale="log")
+        right.plot(xs, [100 * d["overlap"] for d in pts], marker="o", label=DATASET_LABEL[dataset])
+    left.set(xlabel="outstanding depth D", ylabel="ODB samples/s (median, min-max)", xscale="log")
     right.set(xlabel="outstanding depth D", ylabel="pipeline overlap %", xscale="log")
     if data:
         left.legend(fontsize=7)

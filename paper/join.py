@@ -2,7 +2,8 @@
 
 With ``join=True`` a rank that has read its view keeps aligning (IDLE steps) until all
 are done: every sample is emitted once per epoch. With ``join=False`` the epoch ends
-when the first rank runs out and the buffered rest is carried into the next epoch.
+when the first rank runs out and the buffered rest is carried into the next epoch. The
+throughput of non-join is judged against join by the claim rule (``paper.common.verdict``).
 
     python -m paper.join --grid results/paper/grid.json --out-dir results/paper
 """
@@ -11,7 +12,21 @@ from __future__ import annotations
 
 import pandas as pd
 
-from paper.common import DATASET_LABEL, collect, num, parse_args, scale_note, speedup, write_table
+from paper.common import (
+    CLAIM_RULE,
+    DATASET_LABEL,
+    Collected,
+    Run,
+    Spread,
+    by_variant,
+    collect,
+    compare,
+    fixed,
+    parse_args,
+    pooled,
+    scale_note,
+    write_table,
+)
 
 NAME = "join"
 
@@ -20,44 +35,54 @@ def _join(run) -> bool:
     return bool(run.result["config"]["method"].get("odb", {}).get("join", True))
 
 
+def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
+    """One termination mode (``runs``: its seeds): timings with their spread, the verdict
+    against ODB's default mode, and what each mode emits and carries."""
+    first = runs[0]
+    samples = Spread.of(pooled(runs))
+    up = compare(runs, got.reference)
+    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    row = {
+        "Dataset": DATASET_LABEL[first["dataset"]],
+        "Setting": first.setting,
+        "Join": "yes" if _join(first) else "no",
+        "Samples/s": samples.format(),
+        "Speedup vs Standard": up.cell(),
+        "vs default (join)": vs_default.cell(),
+        "Verdict vs default": vs_default.verdict,
+        "Emitted samples": fixed([r.result["emitted_samples"] for r in runs]),
+        "Carried": fixed([r.loader("carried") for r in runs]),
+        "Steps": fixed([r.result["steps"] for r in runs]),
+        "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
+    }
+    data = {
+        "dataset": first["dataset"],
+        "join": _join(first),
+        "samples_per_s": samples.to_dict(),
+        "speedup": up.to_dict(),
+        "vs_default": vs_default.to_dict(),
+        "emitted": first.result["emitted_samples"],
+    }
+    return row, data
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
     got = collect(args, NAME)
-    rows, data = [], []
-    for run in sorted(got.find(method="odb"), key=lambda r: (r["dataset"], not _join(r))):
-        up = speedup(run, got.reference(run))
-        rows.append(
-            {
-                "Dataset": DATASET_LABEL[run["dataset"]],
-                "Setting": run.setting,
-                "Join": "yes" if _join(run) else "no",
-                "Samples/s": num(run.throughput),
-                "Speedup vs Standard": num(up, 2, "x"),
-                "Emitted samples": run.result["emitted_samples"],
-                "Carried": run.loader("carried", "–"),
-                "Steps": run.result["steps"],
-                "IDLE %": num(100 * run.result["idle_fraction"], 2),
-            }
-        )
-        data.append(
-            {
-                "dataset": run["dataset"],
-                "join": _join(run),
-                "speedup": up,
-                "emitted": run.result["emitted_samples"],
-            }
-        )
+    odb = sorted(got.find(method="odb"), key=lambda r: (r["dataset"], not _join(r)))
+    made = [_row(got, runs) for runs in by_variant(odb)]
     write_table(
         args,
         NAME,
-        pd.DataFrame(rows),
+        pd.DataFrame([row for row, _ in made]),
         "Termination: join vs non-join",
         [
-            "Carried: samples buffered at the epoch's end, emitted in the next epoch (non-join).",
+            "Carried: samples buffered at the epoch's end, emitted in the next epoch "
+            "(non-join). vs default (join): ODB against ODB with join, per pairing. " + CLAIM_RULE,
             scale_note(got.grid),
         ],
         got.missing,
-        data,
+        [d for _, d in made],
     )
 
 

@@ -1,81 +1,117 @@
 """Table + figure: training throughput (samples/s) and speedup vs Standard.
 
-One row per dataset x setting (model, mode, nodes); one column per method with
-``samples/s (speedup x)``, means over seeds. Throughput is literal: emitted training
-samples over the training loop's wall-clock time. The figure draws the speedups.
+One row per dataset x setting (model, mode, nodes) x method. Samples/s is the median
+and range of the cell's measurements (``paper.common.measurements``: each whole epoch
+after the warm-up, over every seed); the speedup is computed per pairing with Standard
+in the same setting (same seed, epoch k with epoch k) and shown with its range; the
+verdict follows the claim rule (``paper.common.verdict``). Next to the timings, the
+machine-independent figures that decide throughput on a GPU: steps, padding efficiency,
+padded tokens per sample, IDLE steps and budget fill. The figure draws the median
+speedups with their ranges.
 
     python -m paper.throughput --grid results/paper/grid.json --out-dir results/paper
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from paper.common import (
+    CLAIM_RULE,
     DATASET_LABEL,
     METHOD_LABEL,
     METHOD_ORDER,
+    Collected,
+    Run,
+    Spread,
     collect,
+    compare,
     figure_path,
+    fixed,
     group,
-    mean,
-    num,
+    padded_per_sample,
     parse_args,
+    pooled,
     pyplot,
     save_figure,
     scale_note,
     sort_key,
-    speedup,
     write_table,
+    yerr,
 )
 
 NAME = "throughput"
 
 
+def _cell(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
+    """The row and the data of one method in one setting (``runs``: its seeds)."""
+    first = runs[0]
+    method = first["method"]
+    samples = Spread.of(pooled(runs))
+    up = compare(runs, got.reference)
+    figures = {
+        "steps": [r.result["steps"] for r in runs],
+        "padding_efficiency": [r.result["padding_efficiency"] for r in runs],
+        "padded_per_sample": [padded_per_sample(r) for r in runs],
+        "idle_steps": [r.result.get("idle_steps") for r in runs],
+        "budget_fill": [r.loader("budget_fill") for r in runs],
+    }
+    row = {
+        "Dataset": DATASET_LABEL[first["dataset"]],
+        "Setting": first.setting,
+        "Method": METHOD_LABEL[method],
+        "Samples/s": samples.format(),
+        "Speedup vs Standard": up.cell(),
+        "Verdict": up.verdict,
+        "Steps": fixed(figures["steps"]),
+        "Padding eff.": fixed(figures["padding_efficiency"], 3),
+        "Padded tok./sample": fixed(figures["padded_per_sample"], 1),
+        "IDLE steps": fixed(figures["idle_steps"]),
+        "Budget fill": fixed(figures["budget_fill"], 3),
+    }
+    data = {
+        **{k: first[k] for k in ("dataset", "model", "mode", "nodes", "method")},
+        "seeds": len(runs),
+        "samples_per_s": samples.to_dict(),
+        "speedup": up.to_dict(),
+        **{k: _mean(v) for k, v in figures.items()},
+    }
+    return row, data
+
+
+def _mean(values: list) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
     got = collect(args, NAME)
-    rows, data = [], []
-    settings = group(
-        sorted(got.runs, key=sort_key), lambda r: (r["dataset"], r["model"], r["mode"], r["nodes"])
+    cells = group(
+        sorted(got.runs, key=sort_key),
+        lambda r: (r["dataset"], r["model"], r["mode"], r["nodes"], r["method"]),
     )
-    methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in got.runs)]
-    for (dataset, model, mode, nodes), runs in settings.items():
-        row = {"Dataset": DATASET_LABEL[dataset], "Setting": f"{model} {mode} {nodes}N"}
-        for method in methods:
-            cell = [r for r in runs if r["method"] == method]
-            tput = mean(r.throughput for r in cell)
-            up = mean(speedup(r, got.reference(r)) for r in cell)
-            row[METHOD_LABEL[method]] = "–" if not cell else f"{num(tput)} ({num(up, 2, 'x')})"
-            if cell:
-                data.append(
-                    {
-                        "dataset": dataset,
-                        "model": model,
-                        "mode": mode,
-                        "nodes": nodes,
-                        "method": method,
-                        "samples_per_s": tput,
-                        "speedup": up,
-                        "padding_efficiency": mean(r.result["padding_efficiency"] for r in cell),
-                        "seeds": len(cell),
-                    }
-                )
-        rows.append(row)
+    made = [_cell(got, runs) for runs in cells.values()]
     notes = [
-        "samples/s (speedup vs Standard in the same setting); means over seeds.",
+        "Samples/s: median [min-max] n=measurements (each whole epoch after the warm-up "
+        "epoch, over seeds; one whole-run figure where a run timed fewer than 2 epochs). "
+        "Speedup: per pairing with Standard (same seed, epoch k with epoch k). " + CLAIM_RULE,
+        "Steps, padding efficiency, padded tokens per sample, IDLE steps and budget fill "
+        "do not depend on the machine; samples/s does.",
         scale_note(got.grid),
     ]
     write_table(
         args,
         NAME,
-        pd.DataFrame(rows),
+        pd.DataFrame([row for row, _ in made]),
         "Training throughput and speedup vs Standard",
         notes,
         got.missing,
-        data,
+        [data for _, data in made],
     )
-    _figure(args, data)
+    _figure(args, [data for _, data in made])
 
 
 def _figure(args, data: list[dict]) -> None:
@@ -84,28 +120,24 @@ def _figure(args, data: list[dict]) -> None:
         {(d["dataset"], d["model"], d["mode"], d["nodes"]) for d in data},
         key=lambda k: (list(DATASET_LABEL).index(k[0]), k[1:]),
     )
-    methods = [m for m in METHOD_ORDER if any(d["method"] == m for d in data)]
+    methods = [m for m in METHOD_ORDER[1:] if any(d["method"] == m for d in data)]
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(keys)), 3))
     width = 0.8 / max(1, len(methods))
     for i, method in enumerate(methods):
-        ys = [
-            next(
-                (
-                    d["speedup"]
-                    for d in data
-                    if d["method"] == method
-                    and (d["dataset"], d["model"], d["mode"], d["nodes"]) == k
-                ),
-                0.0,
-            )
-            for k in keys
-        ]
-        ax.bar([x + i * width for x in range(len(keys))], ys, width, label=METHOD_LABEL[method])
+        ups = {
+            (d["dataset"], d["model"], d["mode"], d["nodes"]): d["speedup"]
+            for d in data
+            if d["method"] == method and d["speedup"] and d["speedup"]["n"]
+        }
+        mids = [ups[k]["median"] if k in ups else math.nan for k in keys]
+        errs = yerr([ups.get(k) for k in keys])
+        xs = [x + i * width for x in range(len(keys))]
+        ax.bar(xs, mids, width, yerr=errs, capsize=2, label=METHOD_LABEL[method])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(keys))])
     ax.set_xticklabels([f"{DATASET_LABEL[k[0]]}\n{k[1]} {k[2]} {k[3]}N" for k in keys], fontsize=7)
-    ax.set_ylabel("speedup vs Standard")
-    if data:
+    ax.set_ylabel("speedup vs Standard (median, min-max)")
+    if methods:
         ax.legend(fontsize=7, ncol=3)
     save_figure(fig, figure_path(args, NAME))
 
