@@ -127,6 +127,7 @@ _FRESH_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     # Built from a copy of what the wheel reads, so the checkout gets no build/ or egg-info.
     src = tmp_path / "src"

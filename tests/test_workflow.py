@@ -128,6 +128,7 @@ def test_cache_and_train_agree_on_the_data_config() -> None:
             assert cfg.data == DataConfig(**grid.data_args(grid.cells[name].data)), name
 
 
+@pytest.mark.slow
 def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     """Real rules, real runs: proxies -> assets -> length cache -> train (GMT and ODB at
     W=2) -> validation-loss evaluation -> two paper tables; then nothing left to do."""

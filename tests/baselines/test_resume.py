@@ -66,6 +66,7 @@ def test_resume_single_process_replays_the_remaining_batches(method: str, k: int
     assert r["after"] == r["full"][k:]
 
 
+@pytest.mark.dist
 def test_resume_two_ranks_is_exactly_once_and_identical() -> None:
     results = run_ranks(_template, 2, "gmt", 3, timeout=60)
     ids = []

@@ -71,6 +71,7 @@ def _two_ranks(rank: int, world: int, model_dir, proxy_dir) -> dict:
     )
 
 
+@pytest.mark.dist
 def test_two_ranks_agree_with_one(model_dir, proxy_dir, heldout) -> None:
     model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir)
     single = validation_loss(

@@ -14,7 +14,7 @@ import pytest
 from bench.soak import COUNTERS, run_soak
 from tests.odb.scenarios import SETUPS
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 SEED = int(os.environ.get("ODB_SOAK_SEED", "20000"))
 

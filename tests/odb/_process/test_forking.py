@@ -91,6 +91,7 @@ def _process_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
     )
 
 
+@pytest.mark.dist
 def test_a_child_stuck_at_the_fork_is_killed_and_forked_again(tmp_path: Path) -> None:
     [result] = run_ranks(_process_rank, 1, str(tmp_path / "flag"), timeout=90)
     assert len(result["stuck"]) == 1
@@ -112,6 +113,7 @@ def _always_stuck_rank(rank: int, world_size: int, flag: str) -> str:
     return "started"
 
 
+@pytest.mark.dist
 def test_every_fork_stuck_raises_a_clear_error(tmp_path: Path) -> None:
     [message] = run_ranks(_always_stuck_rank, 1, str(tmp_path / "flag"), timeout=90)
     assert "2 forks in a row deadlocked" in message
@@ -127,6 +129,7 @@ def _dataloader_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
     return dict(items=items, stuck=len(_stuck_pids(Path(flag))), warned=len(records.messages))
 
 
+@pytest.mark.dist
 def test_dataloader_workers_survive_a_stuck_fork(tmp_path: Path) -> None:
     [result] = run_ranks(_dataloader_rank, 1, str(tmp_path / "flag"), timeout=90)
     assert result == dict(items=list(range(40)), stuck=1, warned=1)
@@ -148,6 +151,7 @@ def _loader_rank(rank: int, world_size: int, flag: str, options: dict[str, Any])
     return dict(seen=dict(seen), warned=len(records.messages))
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize(
     "options",
     [
