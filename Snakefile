@@ -12,12 +12,13 @@ import re
 
 from snakemake.utils import validate
 
-from experiments.grid import build_grid
+from experiments.grid import build_grid, refuse_renamed
 
 
 configfile: "config/cpu.yaml"
 
 
+refuse_renamed(config)  # a former key's error names the new one; the schema's would not
 validate(config, "config/schema.yaml")
 GRID = build_grid(config)
 

@@ -61,7 +61,7 @@ def train_command(method: str, args: argparse.Namespace, source: Path, assets: P
                   out_dir: Path) -> list[str]:
     """``torchrun -m experiments.train`` for one method with the paper's layers."""
     layers = ["scale/paper.yaml", MODELS[args.model], f"method/{method}.yaml",
-              "mode/full.yaml", "engine/deepspeed.yaml"]
+              "mode/full.yaml", "strategy/deepspeed.yaml"]
     overrides = [
         "data.dataset=sharegpt4o", f"data.source={source}", f"data.processor={assets}/processor",
         "data.image_max_pixels=9437184", f"data.max_samples={args.samples}",

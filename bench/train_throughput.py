@@ -60,7 +60,7 @@ def run_one(dataset: str, method: str, args: Any, out_dir: Path) -> dict[str, An
         f"model.dtype={args.dtype}", f"data.processor={args.processor}",
     ]
     layers = ["scale/cpu.yaml", f"model/{args.model}.yaml", f"method/{method}.yaml",
-              "mode/full.yaml", "engine/ddp.yaml"]
+              "mode/full.yaml", "strategy/ddp.yaml"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(args.world), "-m", "experiments.train"]
     for layer in layers:

@@ -42,6 +42,13 @@ TABLES = (
     "join",
     "staleness",
 )
+# The workflow config's former keys, (section, old) -> (new, why): refused before the schema
+# check, whose own message ("'engine' was unexpected") would not name the new key.
+RENAMED_KEYS = {
+    ("train", "engine"): ("strategy", "the layer under experiments/configs/strategy/: how the "
+                          "model trains across processes; 'engine' now means only DeepSpeed's "
+                          "engine object"),
+}
 
 
 @dataclass(frozen=True)
@@ -204,7 +211,7 @@ class Grid:
             t["models"][cell.model]["layer"],
             f"experiments/configs/method/{cell.method}.yaml",
             f"experiments/configs/mode/{cell.mode}.yaml",
-            f"experiments/configs/engine/{t['engine']}.yaml",
+            f"experiments/configs/strategy/{t['strategy']}.yaml",
         ]
         overrides = [f"data.{k}={v}" for k, v in self.data_args(cell.data).items()]
         overrides += [
@@ -395,6 +402,22 @@ def _product(block: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
         block["seeds"],
     ):
         yield {"data": d, "method": m, "model": model, "mode": mode, "nodes": nodes, "seed": seed}
+
+
+def refuse_renamed(config: Mapping[str, Any]) -> None:
+    """Raise for a workflow-config key under its former name (``RENAMED_KEYS``).
+
+    Example:
+        >>> refuse_renamed({"train": {"engine": "ddp"}})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: train.engine was renamed train.strategy (...); write strategy: ddp ...
+    """
+    for (section, old), (new, why) in RENAMED_KEYS.items():
+        block = config.get(section) or {}
+        if old in block:
+            raise ValueError(f"{section}.{old} was renamed {section}.{new} ({why}); write "
+                             f"{new}: {block[old]} under {section}: in the workflow config")
 
 
 def build_grid(config: Mapping[str, Any]) -> Grid:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.grid import build_grid
+from experiments.grid import build_grid, refuse_renamed
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -101,6 +101,15 @@ def test_packing_on_a_multimodal_dataset_is_refused() -> None:
     config["grid"][1]["methods"].append("packing")
     with pytest.raises(ValueError, match="packing is text-only"):
         build_grid(config)
+
+
+def test_the_former_train_engine_key_is_refused_naming_strategy() -> None:
+    config = _config("cpu.yaml")
+    config["train"]["engine"] = config["train"].pop("strategy")
+    with pytest.raises(ValueError, match=r"^train.engine was renamed train.strategy \(.*\); "
+                       "write strategy: ddp under train: in the workflow config$"):
+        refuse_renamed(config)
+    refuse_renamed(_config("cpu.yaml"))  # the shipped configs use the new key
 
 
 def test_an_ablation_at_the_default_setting_is_the_main_cell() -> None:

@@ -1,7 +1,7 @@
 """The train entry point's configuration: one frozen, validated object built from YAML layers.
 
 A run is described by a few small YAML files composed in order (scale, model, method,
-mode, engine; see ``experiments/configs/``) plus ``key=value`` overrides on the command
+mode, strategy; see ``experiments/configs/``) plus ``key=value`` overrides on the command
 line, e.g. ``method.name=gmt train.lr=2e-5``. A file may name other files to merge
 first with ``include: [relative/path.yaml, ...]``. Later layers win, key by key.
 
@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -32,12 +33,12 @@ from experiments.data.pipeline import DataConfig
 
 __all__ = [
     "ConfigError",
-    "EngineConfig",
     "LoraConfig",
     "MethodConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "StrategyConfig",
     "TrainConfig",
     "ValidationConfig",
     "load_config",
@@ -234,8 +235,8 @@ class MethodConfig:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """How ranks train together.
+class StrategyConfig:
+    """How ranks train together: the training strategy (``experiments/train/strategy.py``).
 
     Attributes:
         name: ``ddp`` (``DistributedDataParallel``) or ``deepspeed`` (ZeRO).
@@ -244,6 +245,10 @@ class EngineConfig:
         find_unused_parameters: Force DDP's unused-parameter search. It is on anyway
             when the vision tower trains (a text-only batch leaves it unused).
         timeout_s: Trainer process-group timeout.
+
+    Example:
+        >>> StrategyConfig(name="deepspeed").zero_stage
+        2
     """
 
     name: Literal["ddp", "deepspeed"] = "ddp"
@@ -253,9 +258,9 @@ class EngineConfig:
     timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        _require(self.zero_stage in (0, 1, 2), f"engine.zero_stage must be 0, 1 or 2, got "
+        _require(self.zero_stage in (0, 1, 2), f"strategy.zero_stage must be 0, 1 or 2, got "
                  f"{self.zero_stage} (stage 3 shards weights; its saving path is not here)")
-        _require(self.timeout_s > 0, f"engine.timeout_s must be > 0, got {self.timeout_s}")
+        _require(self.timeout_s > 0, f"strategy.timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -325,6 +330,10 @@ class ValidationConfig:
 class TrainConfig:
     """One training run: every section validated, cross-section rules checked.
 
+    ``RENAMED_SECTIONS`` (a class attribute) maps a section's former name to ``(new name,
+    why)``. A former name is refused, in a YAML layer, an override or a mapping, with a
+    message that names the new one; it is never accepted as an alias.
+
     Example:
         >>> TrainConfig.from_dict({"run": {"out_dir": "r"},
         ...     "model": {"path": "m"},
@@ -333,13 +342,18 @@ class TrainConfig:
         'odb'
     """
 
+    RENAMED_SECTIONS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
+        "engine": ("strategy", "how the model trains across processes, DDP or DeepSpeed; "
+                   "'engine' now means only DeepSpeed's engine object"),
+    })
+
     run: RunConfig
     model: ModelConfig
     data: DataConfig
     method: MethodConfig = field(default_factory=MethodConfig)
     mode: Literal["full", "lora"] = "full"
     lora: LoraConfig = field(default_factory=LoraConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
     train: OptimConfig = field(default_factory=OptimConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 
@@ -357,6 +371,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
         """Build from a nested mapping; unknown keys and bad types raise `ConfigError`."""
+        if isinstance(data, Mapping):
+            _refuse_renamed(data, "rename the key '{old}' to '{new}'")
         return _build(cls, data, "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -441,6 +457,19 @@ def _scalar(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _refuse_renamed(sections: Iterable[str], fix: str, **values: Any) -> None:
+    """Raise for a section under its former name (``TrainConfig.RENAMED_SECTIONS``).
+
+    ``fix`` says what to change where the name was found; it is formatted with ``old``,
+    ``new`` and ``values``.
+    """
+    for old in sections:
+        if old in TrainConfig.RENAMED_SECTIONS:
+            new, why = TrainConfig.RENAMED_SECTIONS[old]
+            raise ConfigError(f"{old} was renamed {new} ({why}); "
+                              + fix.format(old=old, new=new, **values))
+
+
 def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
@@ -467,6 +496,7 @@ def _read_layer(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     includes = data.pop("include", [])
+    _refuse_renamed(data, "rename the section '{old}:' of {path} to '{new}:'", path=path)
     merged: dict[str, Any] = {}
     for rel in [includes] if isinstance(includes, str) else includes:
         merged = merge_layers(merged, _read_layer(path.parent / rel, (*seen, path)))
@@ -513,5 +543,8 @@ def load_config(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> T
     for path in files:
         merged = merge_layers(merged, _read_layer(Path(path)))
     for text in overrides:
-        merged = merge_layers(merged, parse_override(text))
+        override = parse_override(text)
+        rest = text[len(next(iter(override))):]  # what follows the section: ".key=value"
+        _refuse_renamed(override, "write {new}{rest} instead of {text}", rest=rest, text=text)
+        merged = merge_layers(merged, override)
     return TrainConfig.from_dict(merged)

@@ -21,7 +21,7 @@ import torch
 __all__ = ["SCHEMA_PATH", "build_result", "validate_result"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "train_result.json"
-SCHEMA_ID = "odb-train-result/1"
+SCHEMA_ID = "odb-train-result/2"
 _PACKAGES = ("torch", "transformers", "deepspeed", "peft", "numpy", "odb")
 
 
@@ -82,7 +82,7 @@ def build_result(*, cfg: Any, counters: Any, world_size: int,
         "dataset": cfg.data.dataset,
         "model": cfg.model.name,
         "mode": cfg.mode,
-        "engine": cfg.engine.name,
+        "strategy": cfg.strategy.name,
         "world_size": world_size,
         "nodes": nodes,
         "token_budget": cfg.method.token_budget,

@@ -9,7 +9,7 @@
     torchrun --nproc_per_node 8 -m experiments.train \\
         --config experiments/configs/scale/paper.yaml \\
         --config experiments/configs/model/qwen3-vl-2b.yaml \\
-        --config experiments/configs/engine/deepspeed.yaml data.dataset=ultrachat ...
+        --config experiments/configs/strategy/deepspeed.yaml data.dataset=ultrachat ...
 
     # Slurm, 2 nodes: one srun task per node, torchrun rendezvous on the first node
     srun torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d \\
@@ -17,7 +17,7 @@
         -m experiments.train --config ... --resume auto
 
 Reads top to bottom: configuration (every error before any process group exists) ->
-distributed set-up -> data, loader, model, engine -> resume -> train -> final save ->
+distributed set-up -> data, loader, model, strategy -> resume -> train -> final save ->
 validation loss -> result JSON. ``--resume auto`` continues from the newest complete
 checkpoint under ``run.out_dir`` (a fresh start when there is none).
 """
@@ -127,12 +127,14 @@ def init_distributed(cfg: TrainConfig) -> Dist:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = torch.cuda.is_available()
-    backend = cfg.engine.backend if cfg.engine.backend != "auto" else ("nccl" if cuda else "gloo")
+    backend = cfg.strategy.backend
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.engine.timeout_s))
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.strategy.timeout_s))
     world = dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return Dist(dist.get_rank(), world, local_rank, max(1, world // per_node), device)
@@ -220,7 +222,7 @@ def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
                           resume_from: Path | None):
     """The model to train; under DDP a resumed run starts from the checkpoint's weights."""
     model_cfg = cfg.model
-    if resume_from is not None and cfg.mode == "full" and cfg.engine.name == "ddp":
+    if resume_from is not None and cfg.mode == "full" and cfg.strategy.name == "ddp":
         model_cfg = dataclasses.replace(model_cfg, init="pretrained",
                                         path=str(resume_from / "model"))
     model = build_model(model_cfg, tokenizer, cfg.run.seed, device)
@@ -229,7 +231,7 @@ def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
         return model
     model.requires_grad_(False)
     model = apply_lora(model, cfg.lora, cfg.model.train_vision)
-    if resume_from is not None and cfg.engine.name == "ddp":
+    if resume_from is not None and cfg.strategy.name == "ddp":
         from peft import set_peft_model_state_dict
         from peft.utils import load_peft_weights
 
@@ -327,16 +329,16 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     model = build_trainable_model(cfg, train_set.tokenizer, d.device, resume_from)
     params = parameter_counts(model)
     clock.mark("model")
-    strategy = make_strategy(model, cfg.engine, cfg.train, cfg.model.dtype == "bfloat16",
+    strategy = make_strategy(model, cfg.strategy, cfg.train, cfg.model.dtype == "bfloat16",
                              d.device)
-    clock.mark("engine")
+    clock.mark("strategy")
     counters, fraction = Counters(), 0.0
     if resume_from is not None:
         counters, fraction = _restore(resume_from, d, strategy, loader, cfg, out_dir)
         clock.mark("resume")
     log.info(clock.summary())
     log.info("%s | %s | %s %s | %s | W=%d | %d of %d parameters trainable", cfg.run.name,
-             cfg.method.name, cfg.model.name, cfg.mode, cfg.engine.name, d.world_size,
+             cfg.method.name, cfg.model.name, cfg.mode, cfg.strategy.name, d.world_size,
              params["trainable"], params["total"])
     checkpoint = Checkpointer(cfg, d.rank, out_dir, strategy, loader, train_set)
     counters, schedule = _run_loop(cfg, d, out_dir, resume_from is not None, TrainLoop(

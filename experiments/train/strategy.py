@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from experiments.train.config import EngineConfig, OptimConfig
+from experiments.train.config import OptimConfig, StrategyConfig
 from odb.integrations import ddp, deepspeed
 from odb.integrations.window import Window
 
@@ -61,7 +61,7 @@ def _optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.opti
 class DDPStrategy:
     """``DistributedDataParallel`` (or the bare model at one rank) and a torch optimizer."""
 
-    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,
+    def __init__(self, model: torch.nn.Module, cfg: StrategyConfig, optim: OptimConfig,
                  world_size: int, device: torch.device) -> None:
         self.model, self.optim_cfg, self.device = model, optim, device
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -106,7 +106,7 @@ class DeepSpeedStrategy:
     under ``deepspeed/``.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig,
+    def __init__(self, model: torch.nn.Module, cfg: StrategyConfig, optim: OptimConfig,
                  bf16: bool) -> None:
         import deepspeed as ds
 
@@ -164,7 +164,7 @@ def _skip_cpu_shm_comm_build(ds: Any) -> None:
         ds.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def make_strategy(model: torch.nn.Module, cfg: EngineConfig, optim: OptimConfig, bf16: bool,
+def make_strategy(model: torch.nn.Module, cfg: StrategyConfig, optim: OptimConfig, bf16: bool,
                   device: torch.device) -> Strategy:
     """The strategy ``cfg.name`` names, over the initialised default process group."""
     if cfg.name == "deepspeed":

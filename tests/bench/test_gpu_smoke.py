@@ -27,7 +27,7 @@ def test_gpu_smoke_runs_are_paper_scale_train_configs(method: str, tmp_path: Pat
     cfg = load_config(layers, overrides)
     assert cfg.model.architecture == "qwen3-vl-2b" and cfg.model.init == "random"
     assert cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing
-    assert cfg.engine.name == "deepspeed" and cfg.engine.zero_stage == 2
+    assert cfg.strategy.name == "deepspeed" and cfg.strategy.zero_stage == 2
     assert cfg.method.name == method and cfg.method.token_budget == BUDGET
     assert cfg.data.cutoff_len == 16384 and cfg.data.max_samples == 160
     if method == "standard":

@@ -31,7 +31,7 @@ def base_layer(proxy_root: Path, processor_dir: Path, model_dir: Path, **data) -
     return {
         "include": [str(CONFIGS / "scale" / "cpu.yaml"), str(CONFIGS / "model" / "tiny.yaml"),
                     str(CONFIGS / "method" / "odb.yaml"), str(CONFIGS / "mode" / "full.yaml"),
-                    str(CONFIGS / "engine" / "ddp.yaml")],
+                    str(CONFIGS / "strategy" / "ddp.yaml")],
         "run": {"out_dir": "unset", "log_every": 1},
         "model": {"path": str(model_dir)},
         "data": {"dataset": "ultrachat", "source": str(proxy_root / "ultrachat"),

@@ -1,5 +1,6 @@
 """The train config: every shipped layer loads; bad keys and values are named."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ LAYERS = sorted(p for p in CONFIGS.rglob("*.yaml") if p != QUICK)
 
 def test_quick_config_loads() -> None:
     cfg = load_config([QUICK])
-    assert (cfg.method.name, cfg.mode, cfg.engine.name) == ("odb", "full", "ddp")
+    assert (cfg.method.name, cfg.mode, cfg.strategy.name) == ("odb", "full", "ddp")
     assert cfg.data.holdout_samples == 32 and cfg.train.lr == 1e-3
 
 
@@ -50,7 +51,7 @@ def test_overrides_win_and_are_typed() -> None:
     ("method.odb.polcy=paper", "unknown key 'method.odb.polcy'; ODBConfig fields"),
     ("method.odb.window_budgets=32",
      r"method.odb.window_budgets was renamed method.odb.buffer_budgets \(the grouping buffer"),
-    ("engine.zero_stage=3", "engine.zero_stage must be 0, 1 or 2"),
+    ("strategy.zero_stage=3", "strategy.zero_stage must be 0, 1 or 2"),
     ("model.init=random", "model.init=random needs model.architecture"),
     ("data.holdout_samples=0", "validation.enabled needs a held-out split"),
     ("lora.target_modules=[]", "lora.target_modules must name at least one"),
@@ -59,6 +60,24 @@ def test_overrides_win_and_are_typed() -> None:
 def test_bad_config_names_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config([QUICK], [override])
+
+
+def test_the_former_engine_section_is_refused_naming_strategy(tmp_path: Path) -> None:
+    """``engine`` was renamed ``strategy``: a layer, an override or a mapping that still
+    uses it fails, naming the new section; it is never read as an alias."""
+    renamed = r"^engine was renamed strategy \(how the model trains across processes"
+    with pytest.raises(ConfigError, match=renamed + r".*write strategy.zero_stage=1 instead "
+                       r"of engine.zero_stage=1$"):
+        load_config([QUICK], ["engine.zero_stage=1"])
+    layer = tmp_path / "old.yaml"
+    layer.write_text("engine:\n  name: deepspeed\n")
+    with pytest.raises(ConfigError, match=renamed + r".*rename the section 'engine:' of "
+                       rf"{re.escape(str(layer.resolve()))} to 'strategy:'$"):
+        load_config([QUICK, layer])
+    data = {**load_config([QUICK]).to_dict(), "engine": {"name": "ddp"}}
+    with pytest.raises(ConfigError, match=renamed + ".*rename the key 'engine' to 'strategy'$"):
+        TrainConfig.from_dict(data)
+    assert TrainConfig.RENAMED_SECTIONS["engine"][0] == "strategy"
 
 
 def test_packing_refuses_multimodal_data() -> None:

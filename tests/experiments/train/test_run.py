@@ -1,7 +1,7 @@
 """The train entry point end to end: real torchrun ranks, the tiny Qwen3-VL, every method.
 
 Each run is a few optimizer steps on 32 UltraChat proxy records (the base layer in
-conftest.py), checked against the result schema. Engines: DDP over Gloo and DeepSpeed
+conftest.py), checked against the result schema. Strategies: DDP over Gloo and DeepSpeed
 ZeRO-2 on CPU; modes: full and LoRA (peft).
 """
 
@@ -40,7 +40,7 @@ def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
 def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: Path) -> None:
     extra = ("validation.enabled=true",) if method == "odb" else ()
     result = train(base_config, tmp_path, f"method/{method}.yaml", overrides=extra)
-    assert (result["method"], result["world_size"], result["engine"]) == (method, 2, "ddp")
+    assert (result["method"], result["world_size"], result["strategy"]) == (method, 2, "ddp")
     assert result["optimizer_steps"] == 3 and len(result["loss_curve"]) == 3
     assert 0 < result["emitted_samples"] <= 32 and result["padded_tokens"] > 0
     assert result["throughput_samples_per_s"] == pytest.approx(
@@ -53,23 +53,23 @@ def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("method", ["odb", "standard"])
-@pytest.mark.parametrize(("mode", "engine"), [("lora", "ddp"), ("full", "deepspeed")])
-def test_lora_and_deepspeed(method: str, mode: str, engine: str, base_config: Path,
+@pytest.mark.parametrize(("mode", "strategy"), [("lora", "ddp"), ("full", "deepspeed")])
+def test_lora_and_deepspeed(method: str, mode: str, strategy: str, base_config: Path,
                             tmp_path: Path) -> None:
     extensions = tmp_path / "torch_extensions"
     result = train(base_config, tmp_path, f"method/{method}.yaml", f"mode/{mode}.yaml",
-                   f"engine/{engine}.yaml", timeout=300,
+                   f"strategy/{strategy}.yaml", timeout=300,
                    env={"TORCH_EXTENSIONS_DIR": str(extensions)})
     # DeepSpeed on CPU trains without JIT-compiling any op (its shm all-reduce is skipped)
     assert not extensions.exists() or not any(extensions.iterdir())
-    assert (result["mode"], result["engine"], result["optimizer_steps"]) == (mode, engine, 3)
+    assert (result["mode"], result["strategy"], result["optimizer_steps"]) == (mode, strategy, 3)
     # rank 0 logs where its start-up went, phase by phase, before the first step
     startup = re.search(r"start-up ([\d.]+) s: launch and imports ([\d.]+) s, (.*)",
                         (tmp_path / "stderr.log").read_text())
     assert startup, "no start-up line in the launcher's stderr"
     phases = dict(p.rsplit(" ", 2)[:2] for p in startup.group(3).split(", "))
     assert list(phases) == ["config", "process group", "barrier", "datasets", "loader",
-                            "model", "engine"]
+                            "model", "strategy"]
     total = float(startup.group(2)) + sum(float(v) for v in phases.values())
     assert total == pytest.approx(float(startup.group(1)), abs=0.1 * (len(phases) + 1))
     if mode == "lora":

@@ -1,5 +1,6 @@
-"""The epoch engine: its pure parts, and one rank's epoch with no peers (real tensors,
-no processes): when the first batch leaves and what the grouping buffer holds in bytes."""
+"""The collate side's epoch driver (``run_epoch``): its pure parts, and one rank's epoch
+with no peers (real tensors, no processes): when the first batch leaves and what the
+grouping buffer holds in bytes."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def test_one_sample_over_buffer_bytes_is_still_read() -> None:
 
 def _epoch_with_trainer(cfg: ODBConfig, lengths: list[int], keeps: bool) -> tuple[dict, list[int]]:
     """``run_epoch`` whose trainer keeps every batch (``keeps``) or frees each at once;
-    the engine is told the bytes the trainer holds. Returns the metrics and each step's
+    the epoch driver is told the bytes the trainer holds. Returns the metrics and each step's
     sample count."""
     held: list[int] = []
     sizes: list[int] = []
@@ -167,7 +168,7 @@ def test_batches_the_trainer_holds_count_against_buffer_bytes() -> None:
 
 
 @pytest.mark.parametrize("cost_model", ["padded", "packed"])
-def test_the_engine_prices_padded_tokens_with_the_cost_model(cost_model: str) -> None:
+def test_the_epoch_driver_prices_padded_tokens_with_the_cost_model(cost_model: str) -> None:
     lengths = [(i * 13) % 40 + 3 for i in range(60)] + [70]  # the last one is oversize
     cfg = ODBConfig(token_budget=64, cost_model=cost_model, shuffle=False)
     metrics, _ = _epoch(cfg, lengths)

@@ -197,7 +197,7 @@ def test_the_gathered_statuses_go_through_the_wire_row():
 def _world_run(views, cfg: ODBConfig, ahead: list[int] | None):
     """Rounds of a world over ``views`` until the epoch ends: every status and payload.
     With ``ahead``, rank r calls ``read_ahead`` up to ``ahead[round % len(ahead)] + r``
-    times between the report and the decision (where the engine waits for its peers)."""
+    times between the report and the decision (where ``run_epoch`` waits for its peers)."""
     ranks = [
         LockstepRank(RankRounds(cfg, len(v)), _pull([Reading(n, 0, i, 10 * n) for i, n in v]), r)
         for r, v in enumerate(views)
@@ -285,10 +285,10 @@ def test_a_streams_samples_read_ahead_are_handed_back_for_the_carry():
     assert rank.unread_ahead() == []
 
 
-# ----------------------------------------------------- one driver: engine == simulator
+# ------------------------------------------------ one driver: run_epoch == simulator
 
 
-def _engine_steps(lengths: list[int], cfg: ODBConfig) -> list[tuple[int, ...]]:
+def _run_epoch_steps(lengths: list[int], cfg: ODBConfig) -> list[tuple[int, ...]]:
     """``run_epoch`` on one rank with no peers: the sample ids of every step."""
 
     def sample(i: int) -> dict[str, torch.Tensor]:
@@ -312,7 +312,7 @@ def _engine_steps(lengths: list[int], cfg: ODBConfig) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("policy", ["balanced", "paper"])
-def test_the_engine_and_the_simulator_run_the_same_rounds(seed, policy):
+def test_run_epoch_and_the_simulator_run_the_same_rounds(seed, policy):
     rng = random.Random(seed)
     lengths = [rng.randint(1, 120) for _ in range(rng.randint(30, 90))]
     cfg = ODBConfig(
@@ -325,7 +325,7 @@ def test_the_engine_and_the_simulator_run_the_same_rounds(seed, policy):
         shuffle=False,
     )
     sim = simulate(lengths, cfg, views=[list(range(len(lengths)))])
-    assert _engine_steps(lengths, cfg) == [tuple(ids) for ids in sim.ranks[0].ids]
+    assert _run_epoch_steps(lengths, cfg) == [tuple(ids) for ids in sim.ranks[0].ids]
 
 
 @pytest.mark.parametrize("cap", [1, 3])

@@ -178,7 +178,7 @@ class RoundsMachine(RuleBasedStateMachine):
         self.idle_steps = 0
         self.tail_rounds = 0
         self.tail_start = None
-        self.metrics = EpochMetrics()  # the engine's tail counter, cross-checked
+        self.metrics = EpochMetrics()  # run_epoch's tail counter, cross-checked
         self.total = sum(len(v) for v in self.views)
         # Fail fast on a livelock: far above the bound checked at the end.
         self.round_cap = 4 * (self.total + self.world) + 8

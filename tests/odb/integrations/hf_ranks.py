@@ -62,7 +62,7 @@ class Recorder(TrainerCallback):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["grad", "epoch"])
-    parser.add_argument("engine", choices=["ddp", "deepspeed"])
+    parser.add_argument("strategy", choices=["ddp", "deepspeed"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--stop", type=int)
     parser.add_argument("--resume", action="store_true")
@@ -71,8 +71,8 @@ def main() -> None:
     accum = 2 if grad else 3
     args = TrainingArguments(
         output_dir=str(opt.out / "run"),
-        use_cpu=opt.engine == "ddp",
-        deepspeed=DS_CONFIG if opt.engine == "deepspeed" else None,
+        use_cpu=opt.strategy == "ddp",
+        deepspeed=DS_CONFIG if opt.strategy == "deepspeed" else None,
         gradient_accumulation_steps=accum,
         ignore_data_skip=True,
         optim="sgd",

@@ -32,9 +32,9 @@ def _ranks(out: Path, tag: str) -> list[dict]:
     return [json.loads((out / f"{tag}_rank{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("engine", ["ddp", "deepspeed"])
-def test_first_step_gradient_is_the_global_per_token_mean(engine: str, tmp_path: Path) -> None:
-    _run(tmp_path, "grad", engine)
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
+def test_first_step_gradient_is_the_global_per_token_mean(strategy: str, tmp_path: Path) -> None:
+    _run(tmp_path, "grad", strategy)
     ranks = _ranks(tmp_path, "first")
     steps = [r["steps"] for r in ranks]
     assert [len(s) for s in steps] == [1, 1]  # max_steps=1
