@@ -38,11 +38,19 @@ def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
 
 @pytest.mark.parametrize("method", ["standard", "sorted", "gmt", "bmt", "packing", "odb"])
 def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: Path) -> None:
-    extra = ("validation.enabled=true",) if method == "odb" else ()
+    extra = ("run.record_sample_ids=true",
+             *(("validation.enabled=true",) if method == "odb" else ()))
     result = train(base_config, tmp_path, f"method/{method}.yaml", overrides=extra)
     assert (result["method"], result["world_size"], result["strategy"]) == (method, 2, "ddp")
     assert result["optimizer_steps"] == 3 and len(result["loss_curve"]) == 3
-    assert 0 < result["emitted_samples"] <= 32 and result["padded_tokens"] > 0
+    # What the result counts is what the ranks logged: distinct training samples.
+    rows = [json.loads(line) for rank in (0, 1)
+            for line in (tmp_path / f"samples_rank{rank}.jsonl").read_text().splitlines()]
+    ids = [i for row in rows for i in row["ids"]]
+    assert len(ids) == len(set(ids)) == result["emitted_samples"] > 0
+    assert set(ids) <= set(range(32))  # the 32 training records; 8 are held out
+    assert len(rows) == 2 * result["steps"] and result["padded_tokens"] > 0
+    assert result["epoch_timings"] == []  # 3 steps cut the epoch: no whole-epoch figure
     assert result["throughput_samples_per_s"] == pytest.approx(
         result["emitted_samples"] / result["train_wall_s"], rel=1e-3)
     assert (result["length_cache"] is not None) == (method in ("sorted", "gmt", "bmt", "packing"))
