@@ -14,10 +14,10 @@ does the rest once, the same way for all of them:
   (:class:`odb.kit.AlignmentGroup`, rendezvous through :func:`odb.kit.open_rendezvous`)
   from the trainer process, never over the trainer's own group, so they cannot
   interleave with gradient all-reduces. The loader looks ahead one window.
-  ``StepInfo.round`` is the index of that exchange (the baselines have no alignment
-  rounds): ``step // grad_accum_steps``. A rank that raises leaves a note for its peers
-  and closes the group, so they fail at once, naming it, instead of waiting out
-  ``align_timeout_s``.
+  ``StepInfo.round`` is, as in ODB, the index of the exchange that produced the step
+  (here one per window): ``step // grad_accum_steps``. A rank that raises leaves a
+  note for its peers and closes the group, so they fail at once, naming it, instead of
+  waiting out ``align_timeout_s``.
 * ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly once, with ODB's
   contract: every rank's ``state_dict()`` is its piece, taken without a collective, and
   ``load_state_dict`` takes the list of pieces (or one dict). The plan is a pure

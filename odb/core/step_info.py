@@ -26,7 +26,9 @@ class StepInfo:
     Attributes:
         epoch: Epoch the step belongs to.
         step: Index of the step within the epoch (the same on every rank).
-        round: Alignment round that produced the step.
+        round: Index (within the epoch) of the cross-rank exchange that produced the
+            step: ODB's alignment round; a loader that exchanges counts once per
+            accumulation window (the baselines) numbers its windows.
         idle: True for an IDLE step: a real one-sample batch whose labels are all
             masked, so it contributes zero gradient while collectives still fire.
         sample_ids: Dataset indices of the samples in this batch (empty when idle).
