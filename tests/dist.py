@@ -58,6 +58,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def host_store(timeout_s: float) -> torch.distributed.TCPStore:
+    """The rendezvous store of ranks started by :func:`_rank_main`, on 127.0.0.1.
+
+    Bound here on a port the OS picks; the caller holds it until its ranks are gone, so
+    no other process can take the port between choosing it and the ranks joining (as a
+    port found free and released could be). Pass ``store.port`` to the ranks.
+    """
+    return torch.distributed.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -228,12 +241,7 @@ def run_ranks(
         raise ValueError(f"Invalid world_size {world_size}, it should be at least 1")
     ctx = mp.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="run_ranks-")
-    # The ranks' rendezvous store, bound here on a port the OS picks and held until the
-    # ranks are gone (a port found free and released could be taken before they bind).
-    store = torch.distributed.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
-        timeout=timedelta(seconds=timeout + _GLOO_TIMEOUT_MARGIN_S),
-    )
+    store = host_store(timeout + _GLOO_TIMEOUT_MARGIN_S)  # held until the ranks are gone
     port = store.port
     procs = []
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from tests.dist import _rank_main, _read_stack, _wait_for_stacks, free_port, kill_tree
+from tests.dist import _rank_main, _read_stack, _wait_for_stacks, host_store, kill_tree
 
 _GLOO_TIMEOUT_MARGIN_S = 60.0
 
@@ -157,7 +157,8 @@ def run_fault_ranks(
     """
     ctx = mp.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="fault_ranks-")
-    port = free_port()
+    store = host_store(timeout + _GLOO_TIMEOUT_MARGIN_S)  # held until the ranks are gone
+    port = store.port
     procs: list[Any] = []
     started = time.monotonic()
     try:
