@@ -13,8 +13,9 @@ On N ranks (``torch.distributed`` initialised) rank ``r`` scores the strided sha
 ``r, r + N, ...`` of the held-out split and the three sums (loss, tokens, samples) are
 all-reduced, so every rank returns the same numbers.
 
-Imports nothing from ``experiments/``, so the train entry point can call `validation_loss`
-without an import cycle; the command line (`main`) reads the data through the recipes.
+Imports nothing from ``experiments/`` at module level, so the train entry point can call
+`validation_loss` without an import cycle; the pixel decoding (inside the loss loop) and
+the command line (`main`, which reads the data through the recipes) import it lazily.
 
     python -m eval.val_loss --checkpoint runs/x/final --dataset mmmix \\
         --source data/proxies/mmmix --holdout-samples 64 --out results/eval/x/val_loss.json
