@@ -222,6 +222,8 @@ class Grid:
         ]
         if self.needs_cache(name):
             overrides.append(f"method.length_cache=results/cache/{cell.data}.json")
+        if t.get("epochs") is not None:  # the workflow's epochs per run; an ablation's win
+            overrides.append(f"train.epochs={t['epochs']}")
         if cell.epochs is not None:
             overrides.append(f"train.epochs={cell.epochs}")
         model = t["models"][cell.model]
@@ -231,6 +233,37 @@ class Grid:
         overrides += [f"method.odb.{k}={_value(v)}" for k, v in cell.options]
         overrides += list(t.get("overrides", []))
         return " ".join([*(f"--config {p}" for p in layers), *map(_quote, overrides)])
+
+    def run_order(self) -> list[str]:
+        """The order the workflow runs its cells in: grouped by base dataset, then by data
+        variant, then in the order the grid added them (each Standard reference first).
+
+        A method's run and its reference's then run minutes apart, not a whole grid apart,
+        so a drift in the machine's speed hits both alike (docs/workflow.md, "Timing
+        measurements"). Snakemake follows it through :meth:`priority`."""
+        names = list(self.cells)
+        bases = list(dict.fromkeys(self.variants[c.data].dataset for c in self.cells.values()))
+        datas = list(dict.fromkeys(c.data for c in self.cells.values()))
+
+        def key(name: str) -> tuple[int, int, int]:
+            cell = self.cells[name]
+            base = bases.index(self.variants[cell.data].dataset)
+            return base, datas.index(cell.data), names.index(name)
+
+        return sorted(names, key=key)
+
+    def priority(self, name: str) -> int:
+        """A train job's Snakemake priority (higher runs first among ready jobs): the
+        first cell of :meth:`run_order` gets ``len(cells)``, the last 1."""
+        order = self.run_order()
+        return len(order) - order.index(name)
+
+    def cache_priority(self, data: str) -> int:
+        """A length cache's priority: just above the first cell that needs it, so the cache
+        is built when its variant's turn comes (0 when no cell needs it)."""
+        users = [self.priority(n) for n, c in self.cells.items()
+                 if c.data == data and self.needs_cache(n)]
+        return max(users) + 1 if users else 0
 
     def launcher(self, name: str) -> str:
         """The process launcher: torchrun on one node, srun + torchrun rendezvous on more.

@@ -209,3 +209,30 @@ def test_paper_jobs_read_only_the_staged_cache() -> None:
     unstaged["stage"]["spec"]["models"].remove("Qwen/Qwen3-VL-8B-Instruct")
     with pytest.raises(ValueError, match="Qwen3-VL-8B-Instruct is not staged"):
         build_grid(unstaged)
+
+
+def test_cpu_grid_times_three_epochs_after_a_warm_up_in_every_run() -> None:
+    grid = build_grid(_config("cpu.yaml"))
+    for name, cell in grid.cells.items():
+        epochs = [w for w in grid.train_args(name).split() if w.startswith("train.epochs=")]
+        assert epochs[-1] == f"train.epochs={cell.epochs or 4}", name  # the last one wins
+
+
+def test_cells_run_grouped_by_dataset_with_each_reference_before_its_methods() -> None:
+    grid = build_grid(_config("cpu.yaml"))
+    order = grid.run_order()
+    assert sorted(order) == sorted(grid.cells)
+    bases = [grid.variants[grid.cells[n].data].dataset for n in order]
+    runs = [b for i, b in enumerate(bases) if i == 0 or bases[i - 1] != b]
+    assert len(runs) == len(set(runs)), runs  # each dataset's cells form one block
+    for variant in {grid.cells[n].data for n in order}:
+        cells = [n for n in order if grid.cells[n].data == variant]
+        block = order[order.index(cells[0]):order.index(cells[-1]) + 1]
+        assert block == cells, variant  # each data variant's cells are adjacent too
+        if any(grid.cells[n].method == "standard" for n in cells):
+            assert grid.cells[cells[0]].method == "standard", variant
+    priorities = [grid.priority(n) for n in order]
+    assert priorities == sorted(priorities, reverse=True) and priorities[-1] == 1
+    for data in {grid.cells[n].data for n in grid.cells if grid.needs_cache(n)}:
+        users = [n for n in grid.cells if grid.cells[n].data == data and grid.needs_cache(n)]
+        assert grid.cache_priority(data) == max(map(grid.priority, users)) + 1

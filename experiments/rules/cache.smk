@@ -20,6 +20,7 @@ rule length_cache:
         workers=config["train"]["cache_workers"],
         offline=OFFLINE,
     threads: max(1, config["train"]["cache_workers"])
+    priority: lambda wc: GRID.cache_priority(wc.data)
     resources:
         mem_mb=16000,
         runtime=240,

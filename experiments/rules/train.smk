@@ -20,6 +20,8 @@ rule train:
         args=lambda wc: GRID.train_args(wc.cell),
         offline=OFFLINE,
     threads: lambda wc: _model(wc)["threads"]
+    # grouped by dataset so a run and its reference run close in time (Grid.run_order)
+    priority: lambda wc: GRID.priority(wc.cell)
     resources:
         nodes=_nodes,
         mem_mb=lambda wc: _model(wc)["mem_mb"],
