@@ -89,7 +89,10 @@ class LengthCache:
         lengths: Post-pipeline length of each sample, by dataset index.
         patches: Visual patches of each sample, by dataset index.
         epoch: Epoch whose augmentation draws the lengths are (None: not set).
-        build_seconds: Wall time of the full preprocessing pass.
+        build_seconds: Wall time of the full preprocessing pass (the first, when timed
+            more than once).
+        build_timings: Wall time of every timed pass, first to last (``(build_seconds,)``
+            for a single pass; a cache read from an older file gets that too).
         created: UTC time of the build (ISO 8601).
         command: The command line that rebuilds the cache ("" when built from Python).
 
@@ -106,8 +109,11 @@ class LengthCache:
     build_seconds: float = 0.0
     created: str = ""
     command: str = ""
+    build_timings: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.build_timings:
+            object.__setattr__(self, "build_timings", (self.build_seconds,))
         if len(self.lengths) != len(self.patches):
             raise ValueError(
                 f"a length cache needs one patch count per length, got {len(self.lengths)} "
@@ -146,6 +152,7 @@ class LengthCache:
             "num_samples": self.num_samples,
             "epoch": self.epoch,
             "build_seconds": self.build_seconds,
+            "build_timings": list(self.build_timings),
             "created": self.created,
             "command": self.command,
             "lengths": list(self.lengths),
@@ -182,6 +189,7 @@ class LengthCache:
             build_seconds=data["build_seconds"],
             created=data["created"],
             command=data["command"],
+            build_timings=tuple(data.get("build_timings") or ()),
         )
         if dataset is not None:
             cache.check(dataset, str(path))
@@ -195,6 +203,7 @@ class LengthCache:
             "num_samples": n,
             "epoch": self.epoch,
             "build_seconds": self.build_seconds,
+            "build_timings": list(self.build_timings),
             "created": self.created,
             "mean_length": sum(self.lengths) / n if n else 0.0,
             "max_length": max(self.lengths, default=0),
@@ -242,8 +251,9 @@ def build(
     length_fn: Callable[[Any], int] = default_length,
     patches_fn: Callable[[Any], int] = default_patches,
     command: str = "",
+    repeats: int = 1,
 ) -> LengthCache:
-    """Runs one full pass of ``dataset`` and returns its length cache.
+    """Runs full passes of ``dataset`` and returns its length cache.
 
     Args:
         dataset: Map-style dataset of model-ready samples with a ``fingerprint()``.
@@ -252,14 +262,49 @@ def build(
         length_fn: A sample's length (default ``len(sample["input_ids"])``).
         patches_fn: A sample's visual patches (default from ``image_grid_thw``).
         command: The command line that rebuilds the cache (recorded for stale errors).
+        repeats: Timed passes (>= 1): the build cost is a timing like any other, and more
+            than one pass gives it a spread (``build_timings``). Every pass must give the
+            same lengths; ``build_seconds`` is the first pass's time (a cold build's).
+
+    Raises:
+        ValueError: ``repeats`` < 1.
+        RuntimeError: Two passes gave different lengths (the dataset is not
+            deterministic for a fixed epoch, so no cache of it can be right).
 
     Example:
         >>> cache = build(dataset, num_workers=4)  # doctest: +SKIP
         >>> cache.save("results/cache/ultrachat.json")  # doctest: +SKIP
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1 (timed passes of the dataset), got {repeats}")
     fingerprint = fingerprint_of(dataset)
     if epoch is not None:
         dataset.set_epoch(epoch)
+    passes = [_timed_pass(dataset, num_workers, length_fn, patches_fn) for _ in range(repeats)]
+    (lengths, patches, _), timings = passes[0], tuple(t for _, _, t in passes)
+    for k, (other_lengths, other_patches, _) in enumerate(passes[1:], start=1):
+        if (other_lengths, other_patches) != (lengths, patches):
+            raise RuntimeError(
+                f"pass {k} of the dataset gave other lengths than pass 0: its samples are not "
+                "deterministic for a fixed epoch, so a length cache of it cannot be right"
+            )
+    return LengthCache(
+        fingerprint=fingerprint,
+        lengths=lengths,
+        patches=patches,
+        epoch=epoch,
+        build_seconds=timings[0],
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        command=command,
+        build_timings=timings,
+    )
+
+
+def _timed_pass(
+    dataset: Any, num_workers: int, length_fn: Callable[[Any], int],
+    patches_fn: Callable[[Any], int],
+) -> tuple[tuple[int, ...], tuple[int, ...], float]:
+    """One full pass: every sample's length and patches, and the pass's wall seconds."""
     started = time.perf_counter()
     loader = DataLoader(
         _Measured(dataset, length_fn, patches_fn),
@@ -271,15 +316,7 @@ def build(
     for length, n_patches in loader:
         lengths.append(length)
         patches.append(n_patches)
-    return LengthCache(
-        fingerprint=fingerprint,
-        lengths=tuple(lengths),
-        patches=tuple(patches),
-        epoch=epoch,
-        build_seconds=round(time.perf_counter() - started, 3),
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
-        command=command,
-    )
+    return tuple(lengths), tuple(patches), round(time.perf_counter() - started, 3)
 
 
 LengthSource = LengthCache | Sequence[int] | Callable[[int], int]
@@ -361,6 +398,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p_build.add_argument("--kwargs", default="{}", help="JSON keyword arguments of the factory")
     p_build.add_argument("--epoch", type=int, default=None, help="set_epoch before the pass")
     p_build.add_argument("--num-workers", type=int, default=0)
+    p_build.add_argument("--repeats", type=int, default=1,
+                         help="timed passes (the build time's spread); lengths must agree")
     p_info = sub.add_parser("info", help="print a cache's metadata")
     p_info.add_argument("path", type=Path)
     args = parser.parse_args(argv)
@@ -371,7 +410,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dataset = import_target(args.factory)(**instantiate(json.loads(args.kwargs)))
         argv_used = sys.argv[1:] if argv is None else argv
         command = shlex.join(["python", "-m", "baselines.length_cache", *argv_used])
-        cache = build(dataset, epoch=args.epoch, num_workers=args.num_workers, command=command)
+        cache = build(dataset, epoch=args.epoch, num_workers=args.num_workers, command=command,
+                      repeats=args.repeats)
         size = cache.save(args.out)
         record = dict(cache.describe(), path=str(args.out), size_bytes=size, command=command)
     print(json.dumps(record, indent=2))

@@ -18,6 +18,8 @@ rule length_cache:
         # under random augmentation the cache holds epoch 0's draw (later epochs differ)
         epoch=lambda wc: "--epoch 0" if GRID.variants[wc.data].augmented else "",
         workers=config["train"]["cache_workers"],
+        # timed passes: the build cost gets a spread like every other timing
+        repeats=config["train"].get("cache_repeats", 1),
         offline=OFFLINE,
     threads: max(1, config["train"]["cache_workers"])
     priority: lambda wc: GRID.cache_priority(wc.data)
@@ -28,5 +30,6 @@ rule length_cache:
         "../../environment.yml"
     shell:
         "{params.offline}python -m baselines.length_cache build --out {output} --num-workers {params.workers}"
+        " --repeats {params.repeats}"
         " --factory experiments.data.pipeline:PreprocessedDataset --kwargs {params.kwargs:q}"
         " {params.epoch} > {log} 2>&1"

@@ -191,7 +191,8 @@ def _length_cache(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int, out
                            ).save(path)
     dist.barrier()
     cache = LengthCache.load(path, dataset)  # refuses a stale fingerprint
-    return cache, {"path": str(path), "build_seconds": cache.build_seconds, "built_in_run": built}
+    return cache, {"path": str(path), "build_seconds": cache.build_seconds,
+                   "build_timings": list(cache.build_timings), "built_in_run": built}
 
 
 def build_method_loader(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int,

@@ -23,6 +23,44 @@ def test_build_records_lengths_fingerprint_and_build_time(tmp_path: Path) -> Non
     assert LengthCache.load(tmp_path / "c.json", ds) == cache
 
 
+def test_repeated_build_times_every_pass_and_keeps_the_first_as_the_build_time(
+    tmp_path: Path,
+) -> None:
+    ds = ToyDataset(16, augment=True)
+    cache = build(ds, epoch=1, repeats=3)
+    assert cache.lengths == build(ds, epoch=1).lengths
+    assert len(cache.build_timings) == 3 and cache.build_seconds == cache.build_timings[0]
+    cache.save(tmp_path / "c.json")
+    assert LengthCache.load(tmp_path / "c.json", ds) == cache
+    assert cache.describe()["build_timings"] == list(cache.build_timings)
+    single = build(ds)  # one pass: one timing
+    assert single.build_timings == (single.build_seconds,)
+    older = {k: v for k, v in cache.to_dict().items() if k != "build_timings"}  # older file
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    assert LengthCache.load(tmp_path / "old.json").build_timings == (cache.build_seconds,)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        build(ds, repeats=0)
+
+
+class _Drifting(ToyDataset):
+    """A dataset whose lengths change from one pass to the next (not deterministic)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.reads = 0
+
+    def __getitem__(self, index: int) -> dict:
+        self.reads += 1
+        sample = dict(super().__getitem__(index))
+        sample["input_ids"] = sample["input_ids"][: 1 + (self.reads // len(self)) % 2 + index % 3]
+        return sample
+
+
+def test_repeated_build_refuses_a_dataset_whose_lengths_differ_between_passes() -> None:
+    with pytest.raises(RuntimeError, match="pass 1 of the dataset gave other lengths"):
+        build(_Drifting(6), repeats=2)
+
+
 def test_build_with_workers_equals_in_process() -> None:
     ds = ToyDataset(12, augment=True)
     assert build(ds, epoch=2, num_workers=2).lengths == build(ds, epoch=2).lengths
