@@ -82,8 +82,8 @@ def test_images_are_the_parquet_bytes(mix: Path, cache: Path) -> None:
         assert (mix / r["images"][0]).read_bytes() == expected
 
 
-def test_every_record_loads_through_the_pipeline(mix: Path, processor_dir: Path) -> None:
-    ds = PreprocessedDataset(DataConfig("mmmix", str(mix), str(processor_dir)))
+def test_every_record_loads_through_the_pipeline(mix: Path, small_processor_dir: Path) -> None:
+    ds = PreprocessedDataset(DataConfig("mmmix", str(mix), str(small_processor_dir)))
     lengths = ds.lengths()
     assert len(lengths) == RECORDS and (lengths > 0).all()
     first_of = {}

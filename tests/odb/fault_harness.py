@@ -28,7 +28,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,51 +75,6 @@ class FaultRun:
             if o.stack:
                 parts.append(o.stack)
         return "\n".join(parts)
-
-
-SHM_DIR = "/dev/shm"
-
-
-def shm_entries() -> set[str]:
-    """Names in ``/dev/shm`` (POSIX semaphores ``sem.*``, shared-memory segments)."""
-    return set(os.listdir(SHM_DIR)) if os.path.isdir(SHM_DIR) else set()
-
-
-def held_shm(pids: Iterable[int] | None = None) -> set[str]:
-    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open."""
-    held: set[str] = set()
-    prefix = SHM_DIR + "/"
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()] if pids is None else pids
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        held.add(line[at + len(prefix) :].split()[0])
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix):
-                    held.add(target[len(prefix) :].split()[0])
-        except OSError:
-            continue
-    return held
-
-
-def leaked_shm(before: set[str], settle_s: float = 10.0) -> list[str]:
-    """Entries that appeared in ``/dev/shm`` since ``before`` and that no process holds.
-
-    The machine's ``/dev/shm`` is shared with whatever else runs, so entries that some
-    live process still maps (another program's semaphores) are not counted; an entry
-    that outlives every process that used it is a leak. Waits up to ``settle_s`` for
-    multiprocessing's resource tracker to unlink what a killed process left.
-    """
-    deadline = time.monotonic() + settle_s
-    while True:
-        leaked = (shm_entries() - before) - held_shm()
-        if not leaked or time.monotonic() > deadline:
-            return sorted(leaked)
-        time.sleep(0.2)
 
 
 def _group_members(pgids: set[int]) -> list[psutil.Process]:

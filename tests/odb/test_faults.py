@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 import odb
-from tests.odb.fault_harness import FaultRun, leaked_shm, run_fault_ranks, shm_entries
+from tests.odb.fault_harness import FaultRun, run_fault_ranks
 from tests.odb.fault_ranks import (
     FaultDataset,
     FaultPlan,
@@ -41,6 +41,7 @@ from tests.odb.fault_ranks import (
     lifecycle_rank,
     loader_children,
 )
+from tests.odb.shm_audit import ShmAudit
 
 pytestmark = pytest.mark.dist
 
@@ -52,9 +53,9 @@ RUN_LIMIT_S = 90.0  # hard limit of one run (a hang fails the test, never the su
 def _run(plan: FaultPlan, world_size: int, tmp_path: Path) -> tuple[FaultRun, FaultPlan]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     plan = FaultPlan(**{**plan.__dict__, "stamp_dir": str(tmp_path)})
-    before = shm_entries()
-    run = run_fault_ranks(fault_rank, world_size, plan, timeout=RUN_LIMIT_S)
-    leaked = leaked_shm(before)
+    with ShmAudit() as shm:
+        run = run_fault_ranks(fault_rank, world_size, plan, timeout=RUN_LIMIT_S)
+        leaked = shm.leaked()
     assert not run.hung, f"ranks {run.hung} hung\n{run.describe()}"
     assert not run.orphans, f"processes left behind: {run.orphans}\n{run.describe()}"
     assert not leaked, f"/dev/shm entries leaked: {leaked}"
@@ -333,10 +334,10 @@ def test_resources_return_to_baseline(mode: str, tmp_path: Path) -> None:
     # epoch, and the same descriptors and /dev/shm entries as after the first epoch; after
     # the break (its collate side stopped) and once the loader is gone, the baseline.
     plan = FaultPlan("none", mode=mode, epochs=3, at_step=2, num_samples=48)
-    before = shm_entries()
-    run = run_fault_ranks(lifecycle_rank, 2, plan, timeout=RUN_LIMIT_S)
-    assert not run.hung and not run.orphans, run.describe()
-    assert not leaked_shm(before)
+    with ShmAudit() as shm:
+        run = run_fault_ranks(lifecycle_rank, 2, plan, timeout=RUN_LIMIT_S)
+        assert not run.hung and not run.orphans, run.describe()
+        assert not shm.leaked()
     for outcome in run.outcomes:
         assert outcome.exitcode == 0 and outcome.value is not None, run.describe()
         base, idle = outcome.value["base"], outcome.value["idle"]

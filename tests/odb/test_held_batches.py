@@ -2,8 +2,13 @@
 
 A collate thread sees a batch freed through a weak reference; a collate process sees
 its pool block come back (``odb._process.handoff.PoolWriter.held_bytes``). A consumer that keeps
-every batch therefore leaves the buffer one sample at a time once it holds the cap,
-while one that lets each batch go gets full steps; every sample arrives once.
+every batch therefore leaves the buffer one sample at a time once it holds the cap;
+once it lets them go, full steps return; every sample arrives once.
+
+Both hold in every interleaving of the trainer and the collate side: the kept batches
+only grow, and the blocks of the batches let go are back (thread: at once; process:
+sent on the trainer's next receive, before it takes a batch) before the collate side
+can emit more than the queue's depth of further batches.
 """
 
 from __future__ import annotations
@@ -40,7 +45,11 @@ def collate_images(samples: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     return {**batch, "pixels": batch_parts([s["pixels"] for s in samples])}
 
 
-def _epoch(mode: str, keep: bool) -> tuple[list[int], list[int]]:
+KEEP_STEPS = 30  # the consumer keeps the batches of its first 30 steps, then none
+
+
+def _epoch(mode: str) -> tuple[list[int], list[int]]:
+    """One epoch whose consumer keeps its first ``KEEP_STEPS`` batches, then lets go."""
     loader = odb.ODBLoader(
         ImageDataset(),
         token_budget=256,  # 12 samples by tokens; the byte cap holds about 10
@@ -52,22 +61,25 @@ def _epoch(mode: str, keep: bool) -> tuple[list[int], list[int]]:
         queue_depth=2,
     )
     kept, sizes, seen = [], [], []
-    for batch in loader:
+    for step, batch in enumerate(loader):
         info = odb.pop_step_info(batch)
         sizes.append(len(info.sample_ids))
         seen += batch["index"].flatten().tolist()
-        if keep:
+        if step < KEEP_STEPS:
             kept.append(batch)
+        else:
+            kept.clear()
     del loader
     return sizes, seen
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_a_consumer_that_keeps_every_batch_fills_the_cap(mode: str) -> None:
-    free_sizes, free_seen = _epoch(mode, keep=False)
-    kept_sizes, kept_seen = _epoch(mode, keep=True)
-    assert sorted(free_seen) == sorted(kept_seen) == list(range(len(LENGTHS)))
-    assert max(free_sizes[3:]) >= 5  # the whole cap is the buffer's: full steps
-    # Kept: after ~10 samples' bytes in held batches, one sample per step (the last
-    # ones; the first rounds read before the trainer had received anything).
-    assert kept_sizes[-20:] == [1] * 20
+    sizes, seen = _epoch(mode)
+    assert sorted(seen) == list(range(len(LENGTHS)))
+    # The first round reads up to the cap (nothing is held yet); from then on the kept
+    # batches alone exceed it, so every round reads one sample: one per step.
+    assert sizes[1 : KEEP_STEPS + 1] == [1] * KEEP_STEPS, sizes
+    # Let go: within the queue's depth of steps the blocks are back, and the next round
+    # reads again up to the cap: a full step (the 50 samples left leave room for it).
+    assert max(sizes[KEEP_STEPS + 1 :]) >= 5, sizes

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,25 +20,60 @@ OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, align_timeout_
 
 class LengthStream(IterableDataset):
     """A stream of samples; its item ``p`` carries ``p`` so the test can check identity.
-    Each item takes ``delay_s`` to make."""
 
-    def __init__(self, lengths: list[int], delay_s: float = 0.0) -> None:
+    Each item takes ``delay_s`` to make. With ``wait_for``, the first item waits until
+    that file exists (another rank's stream has ended); with ``ended``, the stream
+    creates that file when it is read past its last item.
+    """
+
+    def __init__(
+        self,
+        lengths: list[int],
+        delay_s: float = 0.0,
+        wait_for: str | None = None,
+        ended: str | None = None,
+    ) -> None:
         self.lengths = lengths
         self.delay_s = delay_s
+        self.wait_for = wait_for
+        self.ended = ended
 
     def __iter__(self):
         for position, length in enumerate(self.lengths):
+            if position == 0 and self.wait_for is not None:
+                _wait_for_file(self.wait_for)
             time.sleep(self.delay_s)
             ids = torch.arange(length) % 50 + 3
             yield {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor([position])}
+        if self.ended is not None:
+            Path(self.ended).touch()
+
+
+def _wait_for_file(path: str, limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {limit_s} s")
+        time.sleep(0.01)
 
 
 def _epochs(
     rank: int, world_size: int, mode: str, workers: int, join: bool, epochs: int,
-    slow_rank: int = -1,
+    slow_rank: int = -1, gate: str | None = None,
 ):
-    """Every epoch's steps (sample ids) and carry; ``slow_rank``'s stream is slow."""
-    stream = LengthStream(LENGTHS, delay_s=0.01 if rank == slow_rank else 0.0)
+    """Every epoch's steps (sample ids), carry and samples read ahead.
+
+    ``slow_rank``'s stream is slow; with ``gate`` (a path), it also holds back its first
+    sample until every other rank's stream has been read to its end, which rank 0 can
+    only do by reading ahead while it waits for the slow rank's first status.
+    """
+    slow = rank == slow_rank
+    stream = LengthStream(
+        LENGTHS,
+        delay_s=0.01 if slow else 0.0,
+        wait_for=gate if slow and gate else None,
+        ended=None if slow or not gate else gate,
+    )
     loader = odb.ODBLoader(stream, collate_mode=mode, num_workers=workers, join=join, **OPTIONS)
     out = []
     for epoch in range(epochs):
@@ -70,13 +107,20 @@ def test_stream_join_identity_coverage(world_size: int, mode: str, workers: int)
 
 @pytest.mark.dist
 @pytest.mark.parametrize("slow_rank", [-1, 1])
-def test_stream_non_join_quota_closure(slow_rank: int) -> None:
+def test_stream_non_join_quota_closure(slow_rank: int, tmp_path: Path) -> None:
     """Every stream sample once per epoch or carried, never lost; also when rank 0 waits
-    for a slow rank 1 every round and reads its stream ahead meanwhile (those samples
-    are carried as samples when the epoch ends first)."""
-    per_rank = run_ranks(_epochs, 2, "thread", 1, False, 3, slow_rank, timeout=180)
+    for a slow rank 1 and reads its stream ahead meanwhile (those samples are carried as
+    samples when the epoch ends first).
+
+    Rank 1 holds back its first sample until rank 0's stream has been read to its end:
+    its first report needs a few samples, and its DataLoader worker runs at most 2 items
+    ahead of what rank 0 takes, so rank 0 has read ahead, in every interleaving, before
+    rank 1 reports.
+    """
+    gate = str(tmp_path / "rank0-read-all") if slow_rank == 1 else None
+    per_rank = run_ranks(_epochs, 2, "thread", 1, False, 3, slow_rank, gate, timeout=180)
     if slow_rank == 1:
-        assert sum(read_ahead for *_, read_ahead in per_rank[0]) > 0
+        assert per_rank[0][0][2] > 0, "rank 0 read nothing ahead in epoch 0"
     carried_before = 0
     for epoch in range(3):
         steps = [r[epoch][0] for r in per_rank]

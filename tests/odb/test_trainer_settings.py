@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 import odb
 from tests.dist import run_ranks, run_torchrun
 from tests.forked import run_forked
-from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
+from tests.odb.shm_audit import ShmAudit, held_shm, shm_entries
 from tests.odb.trainer_settings_script import (
     LENGTHS,
     SETTINGS,
@@ -125,6 +125,11 @@ def _shm_mapped(tensor: torch.Tensor) -> bool:
 
 
 def _snippet_with_the_handoffs_guarantees() -> None:
+    with ShmAudit() as shm:
+        _the_handoffs_guarantees(shm)
+
+
+def _the_handoffs_guarantees(shm: ShmAudit) -> None:
     before = shm_entries()
     torch.multiprocessing.set_sharing_strategy("file_system")
     loader = odb.ODBLoader(_Dataset(), token_budget=256, collate_fn=odb.PadCollate(), num_workers=2)
@@ -142,7 +147,7 @@ def _snippet_with_the_handoffs_guarantees() -> None:
     gc.collect()
     # Freed when the trainer lets go; nothing left for torch_shm_manager to unlink.
     assert not _torch_segments_held() - before
-    assert not leaked_shm(before)
+    assert not shm.leaked()
 
 
 def _torch_segments_held() -> set[str]:

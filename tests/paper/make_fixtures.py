@@ -1,27 +1,32 @@
 """Writes the frozen fixtures of the paper-script tests (run by hand, output committed).
 
-    python -m tests.paper.make_fixtures          # fixtures/ and golden/ under tests/paper
+    python -m tests.paper.make_fixtures              # results/ and golden/ under tests/paper
+    python -m tests.paper.make_fixtures --new-grid   # grid.json anew from config/cpu.yaml
 
-The grid is config/cpu.yaml's as it was when the fixtures were made; the results are
-synthetic, deterministic and carry only the fields the paper scripts read, with values
-chosen so every table has something to show (ODB faster than Standard, GMT/BMT with a
-cache cost, violations under augmentation) and every verdict of the claim rule occurs:
-the UltraChat cells time 4 epochs (a warm-up + 3 measurements, the machine's drift met
-alike by every run), so ODB is "faster" than Standard in the full setting, "within
-noise" in the LoRA one (no real gain, a run's own noise on top), the budgets 4096 and
-16384 are "slower" and "faster" than 8192, the policy ``paper`` is "within noise" of
-``balanced``; the staleness cells time 2 epochs (one measurement after the warm-up); the
-rest are older results without ``epoch_timings`` ("too few measurements"). The golden
-outputs are what the scripts wrote from them, checked by eye once;
-tests/paper/test_paper.py compares against them.
+The grid is ``fixtures/grid.json``: config/cpu.yaml's grid as it was when the fixtures
+were made (``--new-grid`` makes it anew from today's config). The results are synthetic
+and deterministic, complete records of the train result schema
+(``experiments/schemas/train_result.json``), with values chosen so every table has
+something to show (ODB faster than Standard, GMT/BMT with a cache cost, violations under
+augmentation) and every verdict of the claim rule occurs: the UltraChat cells time 4
+epochs (a warm-up + 3 measurements, the machine's drift met alike by every run), so ODB
+is "faster" than Standard in the full setting, "within noise" in the LoRA one (no real
+gain, a run's own noise on top), the budgets 4096 and 16384 are "slower" and "faster"
+than 8192, the policy ``paper`` is "within noise" of ``balanced``; the staleness cells
+time 2 epochs (one measurement after the warm-up); the rest time their one epoch ("too
+few measurements"). The golden outputs are what the scripts wrote from them;
+tests/paper/test_paper.py compares against them, and tests/paper/test_fixtures.py
+validates the results and recomputes table cells from them by hand.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -44,6 +49,9 @@ DRIFT = (0.6, 1.0, 0.85, 1.1)
 WOBBLE = (1.0, 1.15, 0.9, 1.1)
 WOBBLY = {"ultrachat.odb.tiny-lora-n1-s0", "ultrachat.odb.tiny-full-n1-s0.policy-paper"}
 NO_GAIN = {"ultrachat.odb.tiny-lora-n1-s0"}  # ODB as fast as Standard, give or take noise
+SCHEMA_ID = "odb-train-result/2"  # experiments/schemas/train_result.json's $id
+TOKENS_PER_SAMPLE = 600  # real tokens of every emitted sample
+PARAMETERS = 1_000_000  # the tiny model's; LoRA trains 2% of them
 
 
 def _jitter(name: str) -> float:
@@ -80,7 +88,8 @@ def _timings(name: str, tput: float, epochs: int, samples: int, steps: int) -> l
 
 
 def _timing(name: str, cell: dict, per_epoch: int, steps: int) -> dict:
-    """Epochs, samples, wall time and throughput; ``epoch_timings`` for the timed cells."""
+    """Epochs, samples, wall time and throughput; every epoch's timing (the timed cells
+    time several, the rest their one)."""
     tput = _throughput(name, cell)
     if not name.startswith(TIMED):
         wall = round(64 / tput, 3)
@@ -91,6 +100,7 @@ def _timing(name: str, cell: dict, per_epoch: int, steps: int) -> dict:
             "train_wall_s": wall,
             "throughput_samples_per_s": round(tput, 4),
             "steps": steps * epochs,
+            "epoch_timings": [{"epoch": 0, "wall_s": wall, "samples": per_epoch, "steps": steps}],
         }
     epochs = cell["epochs"] or TIMED_EPOCHS
     timings = _timings(name, tput, epochs, per_epoch, steps)
@@ -105,7 +115,8 @@ def _timing(name: str, cell: dict, per_epoch: int, steps: int) -> dict:
     }
 
 
-def result(name: str, cell: dict) -> dict:
+def result(name: str, cell: dict, scale: str) -> dict:
+    """The result record of cell ``name`` of a grid at ``scale``."""
     method = cell["method"]
     options = cell["options"]
     timing = _timing(name, cell, 64 if options.get("join", True) else 58, STEPS[method])
@@ -123,13 +134,21 @@ def result(name: str, cell: dict) -> dict:
     odb_cfg = {k: v for k, v in options.items()}
     efficiency = round(0.5 + 0.4 * (method != "standard") + _jitter(name), 4)
     idle_fraction = 0.0 if method != "odb" else round(_jitter(name) / 10, 4)
+    real_tokens = timing["emitted_samples"] * TOKENS_PER_SAMPLE
+    padded_tokens = round(real_tokens / efficiency)
     return {
         **timing,
+        **_run_fields(name, cell, scale),
+        "real_tokens": real_tokens,
+        "padded_tokens": padded_tokens,
+        "real_tokens_per_s": round(real_tokens / wall, 4),
+        "padded_tokens_per_s": round(padded_tokens / wall, 4),
         "padding_efficiency": efficiency,
-        "padded_tokens": round(timing["emitted_samples"] * 600 / efficiency),
+        "optimizer_steps": timing["steps"],
         "idle_fraction": idle_fraction,
         "idle_steps": round(idle_fraction * timing["steps"] * 2),
         "data_wait_s": round(wall * (0.5 / (1 + options.get("prefetch_factor", 2))), 3),
+        "segments": 1,
         "world_size": 2,
         "nodes": 1,
         "validation": {"loss": round(8.0 + _jitter(name + "v"), 4), "tokens": 1, "samples": 1},
@@ -141,9 +160,46 @@ def result(name: str, cell: dict) -> dict:
         if cached
         else None,
         "loader_stats": stats,
+        "config": _config(name, cell, scale, timing["epochs"], odb_cfg),
+    }
+
+
+def _run_fields(name: str, cell: dict, scale: str) -> dict[str, Any]:
+    """What a run records about itself: identity, model size, loss curve, provenance."""
+    trainable = PARAMETERS if cell["mode"] == "full" else PARAMETERS // 50
+    loss = round(8.5 + _jitter(name + "l"), 4)
+    return {
+        "schema": SCHEMA_ID,
+        "run_id": name,
+        "scale": scale,
+        "method": cell["method"],
+        "dataset": cell["dataset"],
+        "model": cell["model"],
+        "mode": cell["mode"],
+        "strategy": "ddp",
+        "token_budget": cell["budget"],
+        "grad_accum_steps": 1,
+        "peak_memory": {"rss_bytes": 2**30, "gpu_bytes": None},
+        "parameters": {"total": PARAMETERS, "trainable": trainable},
+        "loss_curve": [{"step": 1, "loss": loss, "lr": 0.0001}],
+        "final_train_loss": loss,
         "git_commit": "fixture0",
+        "versions": {"odb": "fixture0", "torch": "fixture0"},
         "hardware": {"cpu_count": 2, "gpu": None},
-        "config": {"method": {"num_workers": 1, "odb": odb_cfg}},
+        "started": "2026-01-01T00:00:00+00:00",
+        "finished": "2026-01-01T00:05:00+00:00",
+    }
+
+
+def _config(name: str, cell: dict, scale: str, epochs: int, odb_cfg: dict) -> dict[str, Any]:
+    return {
+        "run": {"name": name, "scale": scale},
+        "model": {"name": cell["model"]},
+        "data": {"dataset": cell["data"]},
+        "method": {"num_workers": 1, "odb": odb_cfg},
+        "mode": cell["mode"],
+        "strategy": {"name": "ddp"},
+        "train": {"epochs": epochs, "grad_accum_steps": 1},
     }
 
 
@@ -162,15 +218,19 @@ def evaluation(name: str, benchmark: str) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-grid", action="store_true",
+                        help="make grid.json anew from config/cpu.yaml (changes the golden)")
+    args = parser.parse_args(argv)
     fixtures = HERE / "fixtures"
+    manifest = _grid(fixtures / "grid.json", args.new_grid)
     shutil.rmtree(fixtures, ignore_errors=True)
-    config = yaml.safe_load((ROOT / "config" / "cpu.yaml").read_text())
-    manifest = build_grid(config).manifest()
     for name, cell in manifest["cells"].items():
         path = fixtures / cell["result"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result(name, cell), indent=1, sort_keys=True) + "\n")
+        record = result(name, cell, manifest["scale"])
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         for benchmark, rel in cell["evals"].items():
             (fixtures / rel).parent.mkdir(parents=True, exist_ok=True)
             (fixtures / rel).write_text(json.dumps(evaluation(name, benchmark)) + "\n")
@@ -183,6 +243,14 @@ def main() -> None:
     for png in golden.glob("figures/*.png"):
         png.unlink()  # figures are checked for existence and size, not bytes
     print(f"fixtures -> {fixtures}, golden -> {golden}")
+
+
+def _grid(frozen: Path, new: bool) -> dict[str, Any]:
+    """The frozen grid, or config/cpu.yaml's today (``new``, or none frozen yet)."""
+    if frozen.exists() and not new:
+        return json.loads(frozen.read_text())
+    config = yaml.safe_load((ROOT / "config" / "cpu.yaml").read_text())
+    return build_grid(config).manifest()
 
 
 if __name__ == "__main__":

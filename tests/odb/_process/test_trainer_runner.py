@@ -31,7 +31,7 @@ from odb.collate import PadCollate
 from odb.core.config import ODBConfig
 from odb.core.step_info import StepInfo
 from odb.core.steps import SampleMeter
-from tests.odb.fault_harness import held_shm, leaked_shm, shm_entries
+from tests.odb.shm_audit import ShmAudit, held_shm
 
 
 def test_worker_pickle_inlines_small_storages_and_shares_big_ones() -> None:
@@ -205,28 +205,29 @@ def test_batch_parts_reach_the_trainer_as_the_workers_shared_memory(mode: str) -
     assert sorted(seen) == list(range(24))
 
 
-def _own_resources() -> tuple[int, set[str]]:
+def _own_resources(shm: ShmAudit) -> tuple[int, set[str]]:
     me = psutil.Process()
-    return me.num_fds(), held_shm([me.pid])
+    with shm.paused():  # its recorder's /proc reads are no descriptors of the loader's
+        return me.num_fds(), held_shm([me.pid])
 
 
 def test_three_epochs_leave_no_fds_shm_or_children() -> None:
     loader = odb.ODBLoader(KeyedDataset(200), token_budget=24, num_workers=2)
     sum(1 for _ in loader)  # first use: lazily created resources of this process
-    before_shm = shm_entries()
-    before = _own_resources()
-    collate = multiprocessing.active_children()
-    assert len(collate) == 1  # the collate process, idle; its workers ended with the epoch
-    for epoch in range(3):
-        loader.set_epoch(epoch)
-        assert sum(odb.pop_step_info(b).local_samples for b in loader) == 200
-        assert multiprocessing.active_children() == collate  # the same process, reused
-        assert psutil.Process(collate[0].pid).children() == []
-    assert _own_resources() == before
-    assert not leaked_shm(before_shm)
-    del loader  # the loader's collate process ends with it
-    assert not multiprocessing.active_children()
-    assert not leaked_shm(before_shm)
+    with ShmAudit() as shm:
+        before = _own_resources(shm)
+        collate = multiprocessing.active_children()
+        assert len(collate) == 1  # the collate process, idle; its workers ended with the epoch
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert sum(odb.pop_step_info(b).local_samples for b in loader) == 200
+            assert multiprocessing.active_children() == collate  # the same process, reused
+            assert psutil.Process(collate[0].pid).children() == []
+        assert _own_resources(shm) == before
+        assert not shm.leaked()
+        del loader  # the loader's collate process ends with it
+        assert not multiprocessing.active_children()
+        assert not shm.leaked()
 
 
 @pytest.mark.timeout(60)
