@@ -398,13 +398,15 @@ def _variants(config: Mapping[str, Any]) -> dict[str, DataVariant]:
     for name in stale["datasets"]:
         base = out[name]
         key = f"{name}-aug{stale['aug'][0]}-{stale['aug'][1]}"
+        # its own record count: stale-cache violations are rare events, an epoch needs more
+        records = (("max_samples", int(stale["max_samples"])),) if "max_samples" in stale else ()
         out[key] = DataVariant(
             key,
             base.dataset,
             base.source,
             base.image_max_pixels,
             (float(stale["aug"][0]), float(stale["aug"][1])),
-            base.extra,
+            base.extra + records,
         )
     lev = config["ablations"]["leverage"]
     mmmix = config["data"]["datasets"]["mmmix"]

@@ -327,6 +327,24 @@ def measurements(run: Run) -> list[float]:
     return [t["samples"] / t["wall_s"] for t in timings[1:]]
 
 
+def epoch_seconds(run: Run) -> list[float]:
+    """The wall seconds behind :func:`measurements`, one per measurement: each timed
+    epoch after the warm-up, else the run's whole training loop."""
+    timings = run.result.get("epoch_timings") or []
+    if len(timings) < 2:
+        return [float(run.result["train_wall_s"])]
+    return [float(t["wall_s"]) for t in timings[1:]]
+
+
+def build_seconds(run: Run) -> list[float]:
+    """Every timed pass of the run's length-cache build (one for a cache built once or
+    an older result); ``[]`` for a run without a cache."""
+    cache = run.result.get("length_cache")
+    if not cache:
+        return []
+    return [float(t) for t in cache.get("build_timings") or [cache["build_seconds"]]]
+
+
 def paired_ratios(values: Sequence[float], reference: Sequence[float]) -> list[float]:
     """``values[k] / reference[k]`` for each position both have (epoch k with epoch k).
 

@@ -22,6 +22,7 @@ from paper.common import (
     Collected,
     Run,
     Spread,
+    build_seconds,
     by_variant,
     collect,
     compare,
@@ -49,7 +50,7 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
         "Setting": first.setting,
         "Method": METHOD_LABEL[first["method"]],
         "Epochs": fixed([r.result["epochs"] for r in runs]),
-        "Cache build s": Spread.of(c["build_seconds"] for c in caches if c).format(1)
+        "Cache build s": Spread.of(s for r in runs for s in build_seconds(r)).format(1)
         if any(caches)
         else "none",
         "Budget violations": fixed(violations),
