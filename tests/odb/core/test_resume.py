@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import odb
 from odb.core.resume import LoaderState, merge_pieces, parse_pieces
-from tests.dist import run_ranks
+from tests.odb.rank_calls import run_calls
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
@@ -104,39 +104,24 @@ TWO_RANKS = [(k, join) for join in (True, False) for k in (0, 1, 7)]  # (k, join
 ELASTIC = [(2, 1), (2, 3), (3, 2)]  # (old_world, new_world), 5 steps saved, join
 
 
-def _calls(rank: int, world_size: int, calls: list[tuple[Any, tuple]]) -> list[Any]:
-    """Rank body: ``fn(rank, world_size, *args)`` for each call, in order."""
-    return [fn(rank, world_size, *args) for fn, args in calls]
-
-
-def _run_grouped(calls: dict[Any, tuple[int, tuple[Any, tuple]]]) -> dict[Any, list[Any]]:
-    """Run each keyed call ``(world_size, (fn, args))`` on real ranks, one spawn per
-    world size; per key, the list of its ranks' results."""
-    out: dict[Any, list[Any]] = {}
-    for world in sorted({w for w, _ in calls.values()}):
-        keys = [key for key, (w, _) in calls.items() if w == world]
-        results = run_ranks(_calls, world, [calls[key][1] for key in keys], timeout=180)
-        out |= {key: [r[n] for r in results] for n, key in enumerate(keys)}
-    return out
-
-
 @pytest.fixture(scope="module")
 def real_ranks() -> dict[Any, Any]:
     """Every real-rank case, run: ``{("two", k, join) | ("elastic", old, new): (before,
     after), "rank0": results}``; ``before``/``after`` hold each rank's part's return."""
     plan = {("two", k, join): (2, k, join, 2) for k, join in TWO_RANKS}
     plan |= {("elastic", old, new): (old, 5, True, new) for old, new in ELASTIC}
-    saves = {key: (w, (_first_part, (k, join))) for key, (w, k, join, _) in plan.items()}
     # Rank 0's lone save first, while its process has no other loader that might call a
     # collective in the window where they are refused.
-    saved = _run_grouped({"rank0": (2, (_rank0_only_save, ())), **saves})
+    saves = {"rank0": (2, _rank0_only_save, ())}
+    saves |= {key: (w, _first_part, (k, join)) for key, (w, k, join, _) in plan.items()}
+    saved = run_calls(saves)
     loads = {}
     for key, (_, k, join, new_world) in plan.items():
         pieces = [state for _, state, _ in saved[key]]
         if key[0] == "two":
             random.Random(k).shuffle(pieces)  # any order
-        loads[key] = (new_world, (_second_part, (pieces, join)))
-    restored = _run_grouped(loads)
+        loads[key] = (new_world, _second_part, (pieces, join))
+    restored = run_calls(loads)
     return {"rank0": saved["rank0"], **{key: (saved[key], restored[key]) for key in plan}}
 
 
