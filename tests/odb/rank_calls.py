@@ -3,7 +3,8 @@
 A rank process costs seconds to start (torch and its imports); a case that builds a
 loader and reads a hundred samples costs a fraction of that. ``run_calls`` runs every
 case of one world size in order in one set of ranks and hands each case its own
-ranks' results. An ODB loader has its own process group, so loaders built one after
+ranks' results; ``LazyCalls`` does so for one world size when a test first reads one
+of its keys. An ODB loader has its own process group, so loaders built one after
 another in one process do not share state. A case that raises fails the whole call
 (its traceback names it); a case that expects an error returns it instead.
 """
@@ -44,3 +45,26 @@ def run_calls(calls: dict[Hashable, Call], timeout: float = 180.0) -> dict[Hasha
         results = run_ranks(_run_in_order, world, [calls[k][1:] for k in keys], timeout=timeout)
         out |= {key: [r[n] for r in results] for n, key in enumerate(keys)}
     return out
+
+
+class LazyCalls:
+    """Keyed calls run on first use: reading a key runs every call of its world size
+    (one spawn) and keeps their results, so a module fixture of many cases charges each
+    test for at most the one spawn it needs.
+
+    Example:
+        >>> calls = LazyCalls({"a": (2, _world, ()), "b": (1, _world, ())})
+        >>> calls["a"]  # spawns 2 ranks; "b" is not run yet
+        [2, 2]
+    """
+
+    def __init__(self, calls: dict[Hashable, Call], timeout: float = 180.0) -> None:
+        self.calls, self.timeout = calls, timeout
+        self._done: dict[Hashable, list] = {}
+
+    def __getitem__(self, key: Hashable) -> list:
+        if key not in self._done:
+            world = self.calls[key][0]
+            same = {k: c for k, c in self.calls.items() if c[0] == world}
+            self._done |= run_calls(same, self.timeout)
+        return self._done[key]

@@ -18,7 +18,7 @@ import odb
 from odb.core.detect import declared_shard
 from odb.core.resume import LoaderState
 from odb.core.sharding import SourceFacts, check_source_rows, resolve_shard, source_row
-from tests.odb.rank_calls import run_calls
+from tests.odb.rank_calls import LazyCalls, run_calls
 from tests.odb.scenarios import LengthDataset
 
 OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, collate_mode="thread")
@@ -185,7 +185,7 @@ def _per_rank_dataset(rank: int, world_size: int, sizes: list[int], shard: str |
 @pytest.mark.dist
 @pytest.mark.parametrize("sizes", [[600, 700], [30, 45, 30, 12]])
 def test_per_rank_datasets_default_is_a_clear_error_before_the_first_step(
-        real_ranks: dict[Hashable, list], sizes: list[int]) -> None:
+        real_ranks: LazyCalls, sizes: list[int]) -> None:
     results = real_ranks[("per_rank", None, tuple(sizes))]
     for result in results:
         assert result[0] == "error", "per-rank datasets of different sizes read silently"
@@ -195,7 +195,7 @@ def test_per_rank_datasets_default_is_a_clear_error_before_the_first_step(
 @pytest.mark.dist
 @pytest.mark.parametrize("sizes", [[60, 75], [30, 45, 30, 12]])
 def test_per_rank_datasets_with_shard_rank_are_read_whole_and_once(
-        real_ranks: dict[Hashable, list], sizes: list[int]) -> None:
+        real_ranks: LazyCalls, sizes: list[int]) -> None:
     results = real_ranks[("per_rank", "rank", tuple(sizes))]
     for rank, (status, ids, progress) in enumerate(results):
         assert status == "ok" and sorted(ids) == list(range(sizes[rank])), rank
@@ -222,7 +222,7 @@ def _global_sampler(rank: int, world_size: int, per_rank_order: bool) -> tuple:
 
 
 @pytest.mark.dist
-def test_samplers_on_real_ranks(real_ranks: dict[Hashable, list]) -> None:
+def test_samplers_on_real_ranks(real_ranks: LazyCalls) -> None:
     ids = real_ranks["distributed_sampler"]
     assert sorted(ids[0] + ids[1]) == list(range(40))
     ok = real_ranks[("global_sampler", False)]
@@ -260,7 +260,7 @@ def _hf_ranks(rank: int, world_size: int, split: bool) -> list[int]:
 
 
 @pytest.mark.dist
-def test_streams_on_real_ranks_are_read_whole_and_once(real_ranks: dict[Hashable, list]) -> None:
+def test_streams_on_real_ranks_are_read_whole_and_once(real_ranks: LazyCalls) -> None:
     own, unsplit = real_ranks["pre_sharded_stream"], real_ranks[("hf_stream", False)]
     split = real_ranks[("hf_stream", True)]
     assert sorted(own[0]) == list(range(30)) and sorted(own[1]) == [1000 + p for p in range(41)]
@@ -282,12 +282,10 @@ def _rank_resume(rank: int, world_size: int, pieces: list[dict] | None) -> tuple
 
 
 @pytest.fixture(scope="module")
-def real_ranks() -> dict[Hashable, list]:
-    """Every real-rank case of this module, run: each key's list of its ranks' returns.
-
-    Three spawns (world size 2 and 4, then the per-rank resume's second part), not one
-    per case: each spawn imports torch and datasets again.
-    """
+def real_ranks() -> LazyCalls:
+    """Every real-rank case of this module, run when a test first asks for one: per key,
+    its ranks' returns. One spawn per world size (2 and 4), not one per case: each spawn
+    imports torch and datasets again."""
     calls: dict[Hashable, tuple] = {}
     for sizes, shard in (([600, 700], None), ([30, 45, 30, 12], None), ([60, 75], "rank"),
                          ([30, 45, 30, 12], "rank")):
@@ -298,17 +296,15 @@ def real_ranks() -> dict[Hashable, list]:
     calls["pre_sharded_stream"] = (2, _pre_sharded_stream, ())
     calls |= {("hf_stream", split): (2, _hf_ranks, (split,)) for split in (False, True)}
     calls["rank_resume"] = (2, _rank_resume, (None,))
-    found = run_calls(calls)
-    pieces = [piece for _, piece in found["rank_resume"]]
-    found |= run_calls({"rank_resumed": (2, _rank_resume, (pieces[::-1],))})
-    return found
+    return LazyCalls(calls)
 
 
 @pytest.mark.dist
 def test_per_rank_resume_is_exactly_once_at_the_same_world_size(
-        real_ranks: dict[Hashable, list]) -> None:
-    before, after = real_ranks["rank_resume"], real_ranks["rank_resumed"]
+        real_ranks: LazyCalls) -> None:
+    before = real_ranks["rank_resume"]
     pieces = [piece for _, piece in before]
+    [after] = run_calls({"after": (2, _rank_resume, (pieces[::-1],))}).values()
     for rank, size in enumerate([20, 33]):
         assert sorted(before[rank][0] + after[rank][0]) == list(range(size))
     with pytest.raises(ValueError, match="only at world size 2"):
