@@ -140,12 +140,16 @@ def test_cache_and_train_agree_on_the_data_config() -> None:
 @pytest.mark.slow
 def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     """Real rules, real runs: proxies -> assets -> length cache -> train (GMT and ODB at
-    W=2) -> validation-loss evaluation -> two paper tables; then nothing left to do."""
+    W=2) -> validation-loss evaluation -> two paper tables; then nothing left to do.
+
+    Small runs: 8 training records and 8 held out, a warm-up epoch and one timed one
+    (the grid's 4 epochs of 24 records would only repeat the same path)."""
     config = _config("cpu.yaml")
     config["data"].update(proxy_samples=200, leverage_samples=100)
     per_dataset = dict.fromkeys(("ultrachat", "llava", "sharegpt4o", "mmmix"))
     config["train"].update(
-        max_samples=dict.fromkeys(per_dataset, 40), holdout_samples=dict.fromkeys(per_dataset, 16)
+        max_samples=dict.fromkeys(per_dataset, 16), holdout_samples=dict.fromkeys(per_dataset, 8),
+        epochs=2,
     )
     config["grid"] = [
         {
@@ -187,6 +191,9 @@ def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     assert odb["val_loss"] == val["metrics"]["loss"] > 0  # the evaluation's, not the run's
     gmt = next(d for d in quality if d["method"] == "gmt")
     assert gmt["val_loss"] > 0 and gmt["mmlu"] is None  # the run's own, no benchmark
+    run = json.loads((tmp_path / "results/train/ultrachat.odb.tiny-full-n1-s0/result.json")
+                     .read_text())
+    assert [t["epoch"] for t in run["epoch_timings"]] == [0, 1]  # the config's train.epochs
     assert "Nothing to be done" in _snakemake(*args, *targets, "-n")
 
 

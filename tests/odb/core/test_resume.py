@@ -4,6 +4,11 @@ The union of ids yielded before the checkpoint and after the restore must be the
 epoch's full id multiset (join) — or, in non-join mode, the epoch's ids minus the carry
 it hands to the next epoch — with no duplicates, also when the world size changes.
 Every rank saves its own piece without a collective; the restore takes all pieces.
+
+The real-rank cases share their rank processes: a module fixture saves every case's
+pieces in one spawn per world size, then restores them in one spawn per world size
+(5 spawns for 10 cases; a case that fails shows its traceback in every test of the
+module). Each loader has its own process group, so cases in one process are independent.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch.distributed as dist
 
 import odb
 from odb.core.resume import LoaderState, merge_pieces, parse_pieces
-from tests.dist import run_ranks
+from tests.odb.rank_calls import run_calls
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
@@ -95,23 +100,45 @@ def test_resume_after_last_step_positions_next_epoch() -> None:
     )
 
 
+TWO_RANKS = [(k, join) for join in (True, False) for k in (0, 1, 7)]  # (k, join)
+ELASTIC = [(2, 1), (2, 3), (3, 2)]  # (old_world, new_world), 5 steps saved, join
+
+
+@pytest.fixture(scope="module")
+def real_ranks() -> dict[Any, Any]:
+    """Every real-rank case, run: ``{("two", k, join) | ("elastic", old, new): (before,
+    after), "rank0": results}``; ``before``/``after`` hold each rank's part's return."""
+    plan = {("two", k, join): (2, k, join, 2) for k, join in TWO_RANKS}
+    plan |= {("elastic", old, new): (old, 5, True, new) for old, new in ELASTIC}
+    # Rank 0's lone save first, while its process has no other loader that might call a
+    # collective in the window where they are refused.
+    saves = {"rank0": (2, _rank0_only_save, ())}
+    saves |= {key: (w, _first_part, (k, join)) for key, (w, k, join, _) in plan.items()}
+    saved = run_calls(saves)
+    loads = {}
+    for key, (_, k, join, new_world) in plan.items():
+        pieces = [state for _, state, _ in saved[key]]
+        if key[0] == "two":
+            random.Random(k).shuffle(pieces)  # any order
+        loads[key] = (new_world, _second_part, (pieces, join))
+    restored = run_calls(loads)
+    return {"rank0": saved["rank0"], **{key: (saved[key], restored[key]) for key in plan}}
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("join", [True, False])
 @pytest.mark.parametrize("k", [0, 1, 7])
-def test_resume_two_ranks(k: int, join: bool) -> None:
-    before = run_ranks(_first_part, 2, k, join, timeout=120)
-    pieces = [state for _, state, _ in before]
-    assert [p["rank"] for p in pieces] == [0, 1], "each rank saves its own piece"
-    random.Random(k).shuffle(pieces)  # any order
-    after = run_ranks(_second_part, 2, pieces, join, timeout=120)
+def test_resume_two_ranks(real_ranks: dict[Any, Any], k: int, join: bool) -> None:
+    before, after = real_ranks[("two", k, join)]
+    assert [state["rank"] for _, state, _ in before] == [0, 1], "each rank saves its own piece"
     _check(before, after, join)
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("old_world", "new_world"), [(2, 1), (2, 3), (3, 2)])
-def test_elastic_resume(old_world: int, new_world: int) -> None:
-    before = run_ranks(_first_part, old_world, 5, True, timeout=120)
-    after = run_ranks(_second_part, new_world, [s for _, s, _ in before], True, timeout=120)
+@pytest.mark.parametrize(("old_world", "new_world"), ELASTIC)
+def test_elastic_resume(real_ranks: dict[Any, Any], old_world: int, new_world: int) -> None:
+    before, after = real_ranks[("elastic", old_world, new_world)]
+    assert len(before) == old_world and len(after) == new_world
     _check(before, after, True)
 
 
@@ -152,8 +179,8 @@ def _rank0_only_save(rank: int, world_size: int) -> tuple[list[int], dict | None
 
 
 @pytest.mark.dist
-def test_rank0_only_state_dict_needs_no_collective() -> None:
-    results = run_ranks(_rank0_only_save, 2, timeout=120)
+def test_rank0_only_state_dict_needs_no_collective(real_ranks: dict[Any, Any]) -> None:
+    results = real_ranks["rank0"]
     piece = results[0][1]
     assert piece is not None and piece["rank"] == 0 and piece["world_size"] == 2
     assert sorted(i for ids, _ in results for i in ids) == list(range(len(LENGTHS)))

@@ -8,6 +8,8 @@ first step.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, SubsetRandomSampler
@@ -16,7 +18,7 @@ import odb
 from odb.core.detect import declared_shard
 from odb.core.resume import LoaderState
 from odb.core.sharding import SourceFacts, check_source_rows, resolve_shard, source_row
-from tests.dist import run_ranks
+from tests.odb.rank_calls import LazyCalls, run_calls
 from tests.odb.scenarios import LengthDataset
 
 OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, collate_mode="thread")
@@ -182,8 +184,9 @@ def _per_rank_dataset(rank: int, world_size: int, sizes: list[int], shard: str |
 
 @pytest.mark.dist
 @pytest.mark.parametrize("sizes", [[600, 700], [30, 45, 30, 12]])
-def test_per_rank_datasets_default_is_a_clear_error_before_the_first_step(sizes) -> None:
-    results = run_ranks(_per_rank_dataset, len(sizes), sizes, None, timeout=120)
+def test_per_rank_datasets_default_is_a_clear_error_before_the_first_step(
+        real_ranks: LazyCalls, sizes: list[int]) -> None:
+    results = real_ranks[("per_rank", None, tuple(sizes))]
     for result in results:
         assert result[0] == "error", "per-rank datasets of different sizes read silently"
         assert str(sizes) in result[1] and "shard='rank'" in result[1]
@@ -191,8 +194,9 @@ def test_per_rank_datasets_default_is_a_clear_error_before_the_first_step(sizes)
 
 @pytest.mark.dist
 @pytest.mark.parametrize("sizes", [[60, 75], [30, 45, 30, 12]])
-def test_per_rank_datasets_with_shard_rank_are_read_whole_and_once(sizes) -> None:
-    results = run_ranks(_per_rank_dataset, len(sizes), sizes, "rank", timeout=120)
+def test_per_rank_datasets_with_shard_rank_are_read_whole_and_once(
+        real_ranks: LazyCalls, sizes: list[int]) -> None:
+    results = real_ranks[("per_rank", "rank", tuple(sizes))]
     for rank, (status, ids, progress) in enumerate(results):
         assert status == "ok" and sorted(ids) == list(range(sizes[rank])), rank
         assert progress == 1.0  # over the sum of every rank's own data
@@ -218,12 +222,12 @@ def _global_sampler(rank: int, world_size: int, per_rank_order: bool) -> tuple:
 
 
 @pytest.mark.dist
-def test_samplers_on_real_ranks() -> None:
-    ids = run_ranks(_distributed_sampler, 2, timeout=120)
+def test_samplers_on_real_ranks(real_ranks: LazyCalls) -> None:
+    ids = real_ranks["distributed_sampler"]
     assert sorted(ids[0] + ids[1]) == list(range(40))
-    ok = run_ranks(_global_sampler, 2, False, timeout=120)
+    ok = real_ranks[("global_sampler", False)]
     assert sorted(ok[0][1] + ok[1][1]) == list(range(len(LENGTHS)))
-    bad = run_ranks(_global_sampler, 2, True, timeout=120)
+    bad = real_ranks[("global_sampler", True)]
     assert all(status == "error" and "orders differ" in text for status, text in bad)
 
 
@@ -255,16 +259,10 @@ def _hf_ranks(rank: int, world_size: int, split: bool) -> list[int]:
     return _ids_by_field(loader)
 
 
-def _stream_cases(rank: int, world_size: int) -> tuple:
-    """The three stream set-ups in one spawn of the ranks (each spawn imports torch and
-    datasets again): a pre-sharded stream, then an HF stream unsplit and split."""
-    return (_pre_sharded_stream(rank, world_size), _hf_ranks(rank, world_size, False),
-            _hf_ranks(rank, world_size, True))
-
-
 @pytest.mark.dist
-def test_streams_on_real_ranks_are_read_whole_and_once() -> None:
-    own, unsplit, split = zip(*run_ranks(_stream_cases, 2, timeout=180), strict=True)
+def test_streams_on_real_ranks_are_read_whole_and_once(real_ranks: LazyCalls) -> None:
+    own, unsplit = real_ranks["pre_sharded_stream"], real_ranks[("hf_stream", False)]
+    split = real_ranks[("hf_stream", True)]
     assert sorted(own[0]) == list(range(30)) and sorted(own[1]) == [1000 + p for p in range(41)]
     assert sorted(unsplit[0] + unsplit[1]) == list(range(80)), "HF stream, unsplit"
     assert sorted(split[0] + split[1]) == list(range(80)), "HF stream, split by node"
@@ -283,11 +281,30 @@ def _rank_resume(rank: int, world_size: int, pieces: list[dict] | None) -> tuple
     return seen, loader.state_dict()
 
 
+@pytest.fixture(scope="module")
+def real_ranks() -> LazyCalls:
+    """Every real-rank case of this module, run when a test first asks for one: per key,
+    its ranks' returns. One spawn per world size (2 and 4), not one per case: each spawn
+    imports torch and datasets again."""
+    calls: dict[Hashable, tuple] = {}
+    for sizes, shard in (([600, 700], None), ([30, 45, 30, 12], None), ([60, 75], "rank"),
+                         ([30, 45, 30, 12], "rank")):
+        calls[("per_rank", shard, tuple(sizes))] = (len(sizes), _per_rank_dataset,
+                                                    (sizes, shard))
+    calls["distributed_sampler"] = (2, _distributed_sampler, ())
+    calls |= {("global_sampler", bad): (2, _global_sampler, (bad,)) for bad in (False, True)}
+    calls["pre_sharded_stream"] = (2, _pre_sharded_stream, ())
+    calls |= {("hf_stream", split): (2, _hf_ranks, (split,)) for split in (False, True)}
+    calls["rank_resume"] = (2, _rank_resume, (None,))
+    return LazyCalls(calls)
+
+
 @pytest.mark.dist
-def test_per_rank_resume_is_exactly_once_at_the_same_world_size() -> None:
-    before = run_ranks(_rank_resume, 2, None, timeout=120)
+def test_per_rank_resume_is_exactly_once_at_the_same_world_size(
+        real_ranks: LazyCalls) -> None:
+    before = real_ranks["rank_resume"]
     pieces = [piece for _, piece in before]
-    after = run_ranks(_rank_resume, 2, pieces[::-1], timeout=120)
+    [after] = run_calls({"after": (2, _rank_resume, (pieces[::-1],))}).values()
     for rank, size in enumerate([20, 33]):
         assert sorted(before[rank][0] + after[rank][0]) == list(range(size))
     with pytest.raises(ValueError, match="only at world size 2"):
