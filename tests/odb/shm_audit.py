@@ -91,9 +91,11 @@ class ShmAudit:
     and close it (a context manager does).
 
     Example:
+        >>> import subprocess
         >>> with ShmAudit() as shm:
-        ...     pass  # start processes, let them end
-        ...     assert not shm.leaked()
+        ...     ran = subprocess.run(["true"])  # the test's processes, ended
+        ...     shm.leaked()
+        []
     """
 
     def __init__(self, period_s: float = 0.05) -> None:

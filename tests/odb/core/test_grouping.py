@@ -11,7 +11,6 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import odb.core.grouping
@@ -24,9 +23,7 @@ from odb.core.grouping import (
     split_lighter,
     split_to_count,
 )
-
-EXAMPLES = settings(max_examples=300, deadline=None)
-
+from tests.tiers import tiered
 
 # ---------------------------------------------------------------- strategies and helpers
 
@@ -154,15 +151,13 @@ def test_empty_buffer_gives_no_groups():
 # ---------------------------------------------------------------- form_groups
 
 
-@EXAMPLES
-@given(cases())
+@tiered(300, cases())
 def test_form_groups_conserves_items(case):
     items, budget = case
     assert key_counts(form_groups(items, budget)) == Counter(i.key for i in items)
 
 
-@EXAMPLES
-@given(cases())
+@tiered(300, cases())
 def test_multi_item_groups_fit_and_only_oversize_items_exceed(case):
     items, budget = case
     for g in form_groups(items, budget):
@@ -173,8 +168,7 @@ def test_multi_item_groups_fit_and_only_oversize_items_exceed(case):
             assert budget.is_oversize(g.items[0].length, g.items[0].patches)
 
 
-@EXAMPLES
-@given(cases())
+@tiered(300, cases())
 def test_oversize_items_are_singletons(case):
     items, budget = case
     for g in form_groups(items, budget):
@@ -182,8 +176,7 @@ def test_oversize_items_are_singletons(case):
             assert g.size == 1 and g.complete
 
 
-@EXAMPLES
-@given(cases(), st.randoms(use_true_random=False))
+@tiered(300, cases(), st.randoms(use_true_random=False))
 def test_groups_are_adjacent_runs_longest_first_and_order_independent(case, rnd):
     items, budget = case
     groups = form_groups(items, budget)
@@ -193,8 +186,7 @@ def test_groups_are_adjacent_runs_longest_first_and_order_independent(case, rnd)
     assert form_groups(shuffled, budget) == groups
 
 
-@EXAMPLES
-@given(cases())
+@tiered(300, cases())
 def test_complete_flags(case):
     """Complete iff the next item did not fit, or no item (length 1, no patches) could."""
     items, budget = case
@@ -222,16 +214,14 @@ def test_complete_flag_examples():
 # ---------------------------------------------------------------- optimality (padded)
 
 
-@settings(max_examples=500, deadline=None)
-@given(cases(cost_models=("padded",), patch_budget=False, max_size=40))
+@tiered(500, cases(cost_models=("padded",), patch_budget=False, max_size=40))
 def test_greedy_count_equals_contiguous_dp_minimum(case):
     items, budget = case
     groups = form_groups(items, budget)
     assert len(groups) == min_groups_dp([i.length for i in items], budget.max_tokens)
 
 
-@settings(max_examples=400, deadline=None)
-@given(cases(cost_models=("padded",), patch_budget=False, max_size=8))
+@tiered(400, cases(cost_models=("padded",), patch_budget=False, max_size=8))
 def test_greedy_count_equals_brute_force_over_all_partitions(case):
     items, budget = case
     lengths = [i.length for i in items]
@@ -269,8 +259,7 @@ def emission_class(g, age_limit):
     return 1 if g.complete else 2
 
 
-@EXAMPLES
-@given(ready_groups())
+@tiered(300, ready_groups())
 def test_emission_order_puts_overdue_first_then_complete_then_most_tokens(case):
     groups, budget, age_limit = case
     order = emission_order(groups, budget, age_limit)
@@ -284,8 +273,7 @@ def test_emission_order_puts_overdue_first_then_complete_then_most_tokens(case):
             assert a.measure.sum_len >= b.measure.sum_len
 
 
-@EXAMPLES
-@given(ready_groups(), st.randoms(use_true_random=False))
+@tiered(300, ready_groups(), st.randoms(use_true_random=False))
 def test_emission_order_is_a_permutation_and_independent_of_input_order(case, rnd):
     groups, budget, age_limit = case
     order = emission_order(groups, budget, age_limit)
@@ -311,8 +299,7 @@ def test_emission_order_rejects_bad_age_limit(bad):
 # ---------------------------------------------------------------- split_to_count
 
 
-@EXAMPLES
-@given(cases(), st.integers(0, 50))
+@tiered(300, cases(), st.integers(0, 50))
 def test_split_to_count(case, target):
     items, budget = case
     groups = form_groups(items, budget)
@@ -354,8 +341,7 @@ def padding_efficiency(g):
     return g.measure.sum_len / (g.measure.max_len * g.size)
 
 
-@EXAMPLES
-@given(cases(), st.integers(0, 50), st.data())
+@tiered(300, cases(), st.integers(0, 50), st.data())
 def test_split_lighter(case, count, data):
     items, budget = case
     groups = form_groups(items, budget)
@@ -377,8 +363,7 @@ def test_split_lighter(case, count, data):
         assert piece.size == 1 or budget.fits(piece.measure)
 
 
-@settings(max_examples=300, deadline=None)
-@given(cases(cost_models=("padded",), patch_budget=False), st.integers(0, 50), st.data())
+@tiered(300, cases(cost_models=("padded",), patch_budget=False), st.integers(0, 50), st.data())
 def test_split_lighter_uses_the_smallest_budget_and_never_pads_more(case, count, data):
     # Greedy grouping is optimal under the padded cost: the number of pieces only grows
     # as the budget shrinks, so the bisection finds the smallest budget that keeps
@@ -446,8 +431,7 @@ def aging_cases(draw, max_arrivals_per_k):
     return budget, k, draw(st.integers(0, 5)), arrivals
 
 
-@EXAMPLES
-@given(aging_cases(max_arrivals_per_k=1))
+@tiered(300, aging_cases(max_arrivals_per_k=1))
 def test_no_item_waits_past_age_limit_when_arrivals_per_round_are_at_most_k(case):
     """Bound: with at most k arrivals per round, every item is emitted at age <= age_limit.
 
@@ -463,8 +447,7 @@ def test_no_item_waits_past_age_limit_when_arrivals_per_round_are_at_most_k(case
     assert max(emitted_age.values(), default=0) <= age_limit
 
 
-@EXAMPLES
-@given(aging_cases(max_arrivals_per_k=4))
+@tiered(300, aging_cases(max_arrivals_per_k=4))
 def test_wait_is_bounded_by_age_limit_plus_overdue_backlog_over_k(case):
     """Bound: every item is emitted at age <= age_limit + (M - 1) // k, M >= 1.
 
