@@ -330,10 +330,25 @@ def measurements(run: Run) -> list[float]:
 def epoch_seconds(run: Run) -> list[float]:
     """The wall seconds behind :func:`measurements`, one per measurement: each timed
     epoch after the warm-up, else the run's whole training loop."""
+    return per_measurement(run, "wall_s", float(run.result["train_wall_s"]))
+
+
+def per_measurement(run: Run, key: str, whole_run: float) -> list[float]:
+    """Figure ``key`` of each timed epoch after the warm-up (the epochs behind
+    :func:`measurements`), or ``[whole_run]`` when the run timed fewer than 2 epochs
+    or an epoch lacks ``key`` (an older result).
+
+    Example:
+        >>> run = Run("r", {}, {"epoch_timings": [
+        ...     {"epoch": 0, "wall_s": 4.0, "samples": 8, "steps": 2, "data_wait_s": 1.0},
+        ...     {"epoch": 1, "wall_s": 2.0, "samples": 8, "steps": 2, "data_wait_s": 0.5}]})
+        >>> per_measurement(run, "data_wait_s", 1.5)
+        [0.5]
+    """
     timings = run.result.get("epoch_timings") or []
-    if len(timings) < 2:
-        return [float(run.result["train_wall_s"])]
-    return [float(t["wall_s"]) for t in timings[1:]]
+    if len(timings) < 2 or any(key not in t for t in timings):
+        return [whole_run]
+    return [float(t[key]) for t in timings[1:]]
 
 
 def build_seconds(run: Run) -> list[float]:

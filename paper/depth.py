@@ -22,9 +22,11 @@ from paper.common import (
     by_variant,
     collect,
     compare,
+    epoch_seconds,
     figure_path,
     fixed,
     parse_args,
+    per_measurement,
     pooled,
     pyplot,
     save_figure,
@@ -42,19 +44,28 @@ def depth(run) -> int:
     return max(1, method.get("num_workers", 0)) * factor
 
 
-def overlap(run) -> float:
-    wall = float(run.result["train_wall_s"])
-    return 1.0 - float(run.result["data_wait_s"]) / wall if wall > 0 else float("nan")
+def data_waits(run) -> list[float]:
+    """Seconds the trainer waited for data in each measured epoch (the run's whole wait
+    for an older result that did not record it per epoch)."""
+    return per_measurement(run, "data_wait_s", float(run.result["data_wait_s"]))
+
+
+def overlaps(run) -> list[float]:
+    """Pipeline overlap of each measured epoch: 1 - data wait / epoch wall time."""
+    return [
+        1.0 - wait / wall if wall > 0 else float("nan")
+        for wait, wall in zip(data_waits(run), epoch_seconds(run), strict=True)
+    ]
 
 
 def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     """One depth (``runs``: its seeds): timings with their spread and the verdict against
-    ODB's default depth. Data wait and overlap are one figure per run (n: seeds)."""
+    ODB's default depth. Data wait and overlap: one figure per measured epoch."""
     first = runs[0]
     samples = Spread.of(pooled(runs))
     up = compare(runs, got.reference)
     vs_default = compare(runs, lambda r: got.reference(r, "odb"))
-    over = Spread.of(100 * overlap(r) for r in runs)
+    over = Spread.of(100 * o for r in runs for o in overlaps(r))
     row = {
         "Dataset": DATASET_LABEL[first["dataset"]],
         "Setting": first.setting,
@@ -63,7 +74,7 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
         "Speedup vs Standard": up.cell(),
         "vs default D": vs_default.cell(),
         "Verdict vs default": vs_default.verdict,
-        "Data wait s": Spread.of(float(r.result["data_wait_s"]) for r in runs).format(),
+        "Data wait s": Spread.of(w for r in runs for w in data_waits(r)).format(),
         "Overlap %": over.format(1),
         "Steps": fixed([r.result["steps"] for r in runs]),
     }
@@ -73,7 +84,7 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
         "samples_per_s": samples.to_dict(),
         "speedup": up.to_dict(),
         "vs_default": vs_default.to_dict(),
-        "overlap": over.median / 100,
+        "overlap_pct": over.to_dict(),
     }
     return row, data
 
@@ -90,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         pd.DataFrame([row for row, _ in made]),
         "Outstanding depth D sweep (ODB)",
         [
-            "D = workers x prefetch_factor; overlap = 1 - data wait / train time (one "
-            "figure per run). vs default D: ODB against ODB at its default depth, per "
+            "D = workers x prefetch_factor; overlap = 1 - data wait / epoch time (one "
+            "figure per measured epoch). vs default D: ODB against ODB at its default depth, per "
             "pairing. " + CLAIM_RULE,
             scale_note(got.grid),
         ],
@@ -115,9 +126,18 @@ def _figure(args, data: list[dict]) -> None:
             capsize=2,
             label=DATASET_LABEL[dataset],
         )
-        right.plot(xs, [100 * d["overlap"] for d in pts], marker="o", label=DATASET_LABEL[dataset])
+        right.errorbar(
+            xs,
+            [d["overlap_pct"]["median"] for d in pts],
+            yerr=yerr([d["overlap_pct"] for d in pts]),
+            marker="o",
+            capsize=2,
+            label=DATASET_LABEL[dataset],
+        )
     left.set(xlabel="outstanding depth D", ylabel="ODB samples/s (median, min-max)", xscale="log")
-    right.set(xlabel="outstanding depth D", ylabel="pipeline overlap %", xscale="log")
+    right.set(
+        xlabel="outstanding depth D", ylabel="pipeline overlap % (median, min-max)", xscale="log"
+    )
     if data:
         left.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))

@@ -23,6 +23,7 @@ from paper.common import (
     fixed,
     mean_std,
     parse_args,
+    per_measurement,
     pooled,
     scale_note,
     write_table,
@@ -54,7 +55,9 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
         "Steps": fixed([r.result["steps"] for r in runs]),
         "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
         "Recirculated": fixed([r.loader("recirculated") for r in runs]),
-        "Round ms": Spread.of(r.loader("mean_round_ms") for r in runs).format(1),
+        "Round ms": Spread.of(
+            ms for r in runs for ms in per_measurement(r, "round_ms", r.loader("mean_round_ms"))
+        ).format(1),
         "Val loss": mean_std([v for v in losses if v is not None], 3),
     }
     data = {

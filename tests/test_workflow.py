@@ -194,6 +194,9 @@ def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     run = json.loads((tmp_path / "results/train/ultrachat.odb.tiny-full-n1-s0/result.json")
                      .read_text())
     assert [t["epoch"] for t in run["epoch_timings"]] == [0, 1]  # the config's train.epochs
+    # Each epoch's data wait and alignment round time (the depth and policy tables' figures)
+    assert all(t["round_ms"] > 0 for t in run["epoch_timings"])
+    assert sum(t["data_wait_s"] for t in run["epoch_timings"]) <= run["data_wait_s"] + 1e-3
     assert "Nothing to be done" in _snakemake(*args, *targets, "-n")
 
 

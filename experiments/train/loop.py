@@ -40,7 +40,8 @@ class Counters:
     the first three over the ranks at the end). Tokens are counted from the batches
     themselves, so every loader is measured the same way. ``epoch_timings`` holds one
     throughput measurement per epoch that ran whole in one segment (``epoch``,
-    ``wall_s``, ``samples``, ``steps``; rank 0's clock).
+    ``wall_s``, ``samples``, ``steps``, ``data_wait_s``; ``round_ms``, the loader's mean
+    alignment round, from loaders that align; rank 0's clock).
     """
 
     epoch: int = 0
@@ -135,7 +136,7 @@ class TrainLoop:
             self.dataset.set_epoch(epoch)
         self.loader.set_epoch(epoch)
         windows = self.strategy.windows(self.loader)
-        started, samples, steps = time.perf_counter(), self.c.samples, self.c.loader_steps
+        started, before = time.perf_counter(), replace(self.c)
         first, cut = None, False  # the progress the epoch started from; the step limit hit
         try:
             for window in windows:
@@ -148,9 +149,20 @@ class TrainLoop:
         finally:
             windows.close()  # stop the loader's workers if the step limit cut the epoch short
         if first == 0.0 and not cut:  # the whole epoch ran in this segment: one measurement
-            self.c.epoch_timings.append({
-                "epoch": epoch, "wall_s": round(time.perf_counter() - started, 4),
-                "samples": self.c.samples - samples, "steps": self.c.loader_steps - steps})
+            self.c.epoch_timings.append(self._timing(epoch, time.perf_counter() - started, before))
+
+    def _timing(self, epoch: int, wall_s: float, before: Counters) -> dict[str, Any]:
+        """One epoch's measurement (see ``Counters``): its wall time, what it emitted, the
+        trainer's wait for data, and the loader's mean alignment round when it has one."""
+        timing = {
+            "epoch": epoch, "wall_s": round(wall_s, 4),
+            "samples": self.c.samples - before.samples,
+            "steps": self.c.loader_steps - before.loader_steps,
+            "data_wait_s": round(self.c.data_wait_s - before.data_wait_s, 4)}
+        round_ms = self.loader.stats().get("mean_round_ms")
+        if round_ms is not None:
+            timing["round_ms"] = round(float(round_ms), 3)
+        return timing
 
     def _advance(self, fraction: float) -> None:
         """Move the schedule to ``fraction`` of training: the next window's rate."""

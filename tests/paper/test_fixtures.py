@@ -106,3 +106,20 @@ def test_an_untimed_row_of_the_throughput_table_by_hand() -> None:
     assert row["Padded tok./sample"] == f"{bmt['padded_tokens'] / bmt['emitted_samples']:.1f}"
     assert row["Padding eff."] == f"{bmt['real_tokens'] / bmt['padded_tokens']:.3f}"
     assert row["Steps"] == str(bmt["steps"])
+
+
+def test_a_depth_rows_overlap_and_data_wait_by_hand() -> None:
+    """LLaVA at D = 4 (1 worker x prefetch 4): each measured epoch's overlap (the warm-up
+    dropped) is 1 - its data wait / its time."""
+    timed = _result("llava.odb.tiny-full-n1-s0.prefetch_factor-4")["epoch_timings"][1:]
+    row = _row("depth", Dataset="LLaVA", D=4)
+    overlaps = [100 * (1 - t["data_wait_s"] / t["wall_s"]) for t in timed]
+    assert row["Overlap %"] == _spread(overlaps, digits=1)
+    assert row["Data wait s"] == _spread([t["data_wait_s"] for t in timed])
+
+
+def test_a_policy_rows_round_time_by_hand() -> None:
+    """The ``paper`` policy's mean alignment round, one figure per measured epoch."""
+    timed = _result("ultrachat.odb.tiny-full-n1-s0.policy-paper")["epoch_timings"][1:]
+    row = _row("policy", Dataset="UltraChat", Policy="paper")
+    assert row["Round ms"] == _spread([t["round_ms"] for t in timed], digits=1)
