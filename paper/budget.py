@@ -17,19 +17,17 @@ from paper.common import (
     DATASET_LABEL,
     Collected,
     Run,
-    Spread,
     by_variant,
     collect,
-    compare,
     figure_path,
     fixed,
     padded_per_sample,
     parse_args,
-    pooled,
     pyplot,
     save_figure,
     scale_note,
     sort_key,
+    sweep_row,
     write_table,
     yerr,
 )
@@ -40,30 +38,15 @@ NAME = "budget"
 def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     """One L_max (``runs``: its seeds): timings with their spread, the verdict against
     ODB at the dataset's default budget, and the machine-independent figures."""
-    first = runs[0]
-    samples = Spread.of(pooled(runs))
-    up = compare(runs, got.reference)
-    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
-    row = {
-        "Dataset": DATASET_LABEL[first["dataset"]],
-        "Setting": first.setting,
-        "L_max": first["budget"],
-        "Samples/s": samples.format(),
-        "Speedup vs Standard": up.cell(),
-        "vs default L_max": vs_default.cell(),
-        "Verdict vs default": vs_default.verdict,
+    budget = runs[0]["budget"]
+    row, data = sweep_row(got, runs, "L_max", budget, "vs default L_max")
+    row.update({
         "Padding eff.": fixed([r.result["padding_efficiency"] for r in runs], 3),
         "Budget fill": fixed([r.loader("budget_fill") for r in runs], 3),
         "Steps": fixed([r.result["steps"] for r in runs]),
         "Padded tok./sample": fixed([padded_per_sample(r) for r in runs], 1),
-    }
-    data = {
-        "dataset": first["dataset"],
-        "budget": first["budget"],
-        "samples_per_s": samples.to_dict(),
-        "speedup": up.to_dict(),
-        "vs_default": vs_default.to_dict(),
-    }
+    })
+    data["budget"] = budget
     return row, data
 
 

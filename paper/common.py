@@ -500,6 +500,35 @@ def compare(
     return Comparison(tuple(pairings(runs, ref_of, measure)))
 
 
+def sweep_row(
+    got: Collected, runs: Sequence[Run], column: str, value: Any, versus: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cells every ablation sweep's row starts with (``runs``: one setting's seeds):
+    dataset, setting, the swept ``column`` = ``value``, samples/s, the speedup vs Standard,
+    the ratio against ODB at its default (column ``versus``) and that ratio's verdict;
+    and the matching table data. A table adds its own cells to both."""
+    first = runs[0]
+    samples = Spread.of(pooled(runs))
+    up = compare(runs, got.reference)
+    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    row = {
+        "Dataset": DATASET_LABEL[first["dataset"]],
+        "Setting": first.setting,
+        column: value,
+        "Samples/s": samples.format(),
+        "Speedup vs Standard": up.cell(),
+        versus: vs_default.cell(),
+        "Verdict vs default": vs_default.verdict,
+    }
+    data = {
+        "dataset": first["dataset"],
+        "samples_per_s": samples.to_dict(),
+        "speedup": up.to_dict(),
+        "vs_default": vs_default.to_dict(),
+    }
+    return row, data
+
+
 def fixed(values: Sequence[Any], digits: int = 0) -> str:
     """A machine-independent figure over a cell's seeds: the value when they agree, else
     mean ± std; ``–`` when absent."""

@@ -21,16 +21,15 @@ from paper.common import (
     Spread,
     by_variant,
     collect,
-    compare,
     epoch_seconds,
     figure_path,
     fixed,
     parse_args,
     per_measurement,
-    pooled,
     pyplot,
     save_figure,
     scale_note,
+    sweep_row,
     write_table,
     yerr,
 )
@@ -61,31 +60,15 @@ def overlaps(run) -> list[float]:
 def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     """One depth (``runs``: its seeds): timings with their spread and the verdict against
     ODB's default depth. Data wait and overlap: one figure per measured epoch."""
-    first = runs[0]
-    samples = Spread.of(pooled(runs))
-    up = compare(runs, got.reference)
-    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    d = depth(runs[0])
+    row, data = sweep_row(got, runs, "D", d, "vs default D")
     over = Spread.of(100 * o for r in runs for o in overlaps(r))
-    row = {
-        "Dataset": DATASET_LABEL[first["dataset"]],
-        "Setting": first.setting,
-        "D": depth(first),
-        "Samples/s": samples.format(),
-        "Speedup vs Standard": up.cell(),
-        "vs default D": vs_default.cell(),
-        "Verdict vs default": vs_default.verdict,
+    row.update({
         "Data wait s": Spread.of(w for r in runs for w in data_waits(r)).format(),
         "Overlap %": over.format(1),
         "Steps": fixed([r.result["steps"] for r in runs]),
-    }
-    data = {
-        "dataset": first["dataset"],
-        "depth": depth(first),
-        "samples_per_s": samples.to_dict(),
-        "speedup": up.to_dict(),
-        "vs_default": vs_default.to_dict(),
-        "overlap_pct": over.to_dict(),
-    }
+    })
+    data.update(depth=d, overlap_pct=over.to_dict())
     return row, data
 
 

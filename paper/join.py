@@ -14,17 +14,14 @@ import pandas as pd
 
 from paper.common import (
     CLAIM_RULE,
-    DATASET_LABEL,
     Collected,
     Run,
-    Spread,
     by_variant,
     collect,
-    compare,
     fixed,
     parse_args,
-    pooled,
     scale_note,
+    sweep_row,
     write_table,
 )
 
@@ -38,31 +35,15 @@ def _join(run) -> bool:
 def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     """One termination mode (``runs``: its seeds): timings with their spread, the verdict
     against ODB's default mode, and what each mode emits and carries."""
-    first = runs[0]
-    samples = Spread.of(pooled(runs))
-    up = compare(runs, got.reference)
-    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
-    row = {
-        "Dataset": DATASET_LABEL[first["dataset"]],
-        "Setting": first.setting,
-        "Join": "yes" if _join(first) else "no",
-        "Samples/s": samples.format(),
-        "Speedup vs Standard": up.cell(),
-        "vs default (join)": vs_default.cell(),
-        "Verdict vs default": vs_default.verdict,
+    join = _join(runs[0])
+    row, data = sweep_row(got, runs, "Join", "yes" if join else "no", "vs default (join)")
+    row.update({
         "Emitted samples": fixed([r.result["emitted_samples"] for r in runs]),
         "Carried": fixed([r.loader("carried") for r in runs]),
         "Steps": fixed([r.result["steps"] for r in runs]),
         "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
-    }
-    data = {
-        "dataset": first["dataset"],
-        "join": _join(first),
-        "samples_per_s": samples.to_dict(),
-        "speedup": up.to_dict(),
-        "vs_default": vs_default.to_dict(),
-        "emitted": first.result["emitted_samples"],
-    }
+    })
+    data.update(join=join, emitted=runs[0].result["emitted_samples"])
     return row, data
 
 

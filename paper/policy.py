@@ -13,19 +13,17 @@ import pandas as pd
 
 from paper.common import (
     CLAIM_RULE,
-    DATASET_LABEL,
     Collected,
     Run,
     Spread,
     by_variant,
     collect,
-    compare,
     fixed,
     mean_std,
     parse_args,
     per_measurement,
-    pooled,
     scale_note,
+    sweep_row,
     write_table,
 )
 
@@ -39,19 +37,10 @@ def _policy(run) -> str:
 def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     """One policy (``runs``: its seeds): timings with their spread, the verdict against
     ODB's default policy, and what the policy costs in steps, IDLE and recirculation."""
-    first = runs[0]
-    samples = Spread.of(pooled(runs))
-    up = compare(runs, got.reference)
-    vs_default = compare(runs, lambda r: got.reference(r, "odb"))
+    policy = _policy(runs[0])
+    row, data = sweep_row(got, runs, "Policy", policy, "vs default policy")
     losses = [(r.result.get("validation") or {}).get("loss") for r in runs]
-    row = {
-        "Dataset": DATASET_LABEL[first["dataset"]],
-        "Setting": first.setting,
-        "Policy": _policy(first),
-        "Samples/s": samples.format(),
-        "Speedup vs Standard": up.cell(),
-        "vs default policy": vs_default.cell(),
-        "Verdict vs default": vs_default.verdict,
+    row.update({
         "Steps": fixed([r.result["steps"] for r in runs]),
         "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
         "Recirculated": fixed([r.loader("recirculated") for r in runs]),
@@ -59,14 +48,8 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
             ms for r in runs for ms in per_measurement(r, "round_ms", r.loader("mean_round_ms"))
         ).format(1),
         "Val loss": mean_std([v for v in losses if v is not None], 3),
-    }
-    data = {
-        "dataset": first["dataset"],
-        "policy": _policy(first),
-        "samples_per_s": samples.to_dict(),
-        "speedup": up.to_dict(),
-        "vs_default": vs_default.to_dict(),
-    }
+    })
+    data["policy"] = policy
     return row, data
 
 
