@@ -78,9 +78,7 @@ class DDPStrategy:
         return ddp.windows(self.wrapped, loader, self.device)
 
     def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
-        out = self.wrapped(**batch, num_items_in_batch=normalizer)
-        window.backward(out.loss)
-        return out.loss.detach() * normalizer
+        return _forward_backward(self.wrapped, window, batch, normalizer)
 
     def optimizer_step(self) -> None:
         if self.optim_cfg.max_grad_norm > 0:
@@ -132,9 +130,8 @@ class DeepSpeedStrategy:
         return deepspeed.windows(self.engine, loader)
 
     def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
-        out = self.engine(**batch, num_items_in_batch=normalizer)
-        window.backward(out.loss)  # the engine's step: the optimizer's on the boundary
-        return out.loss.detach() * normalizer
+        # The window's backward is the engine's: it steps the optimizer on the boundary.
+        return _forward_backward(self.engine, window, batch, normalizer)
 
     def optimizer_step(self) -> None:
         """Nothing left: the window's last backward stepped the engine's optimizer."""
@@ -147,6 +144,15 @@ class DeepSpeedStrategy:
                                               load_lr_scheduler_states=False)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder / 'deepspeed'}")
+
+
+def _forward_backward(module: Any, window: Any, batch: dict[str, Any],
+                      normalizer: float) -> torch.Tensor:
+    """One micro-step under the loss contract (module docstring): the model returns
+    ``sum(token losses) / normalizer``; backward through ``window``; the loss sum, detached."""
+    out = module(**batch, num_items_in_batch=normalizer)
+    window.backward(out.loss)
+    return out.loss.detach() * normalizer
 
 
 def _skip_cpu_shm_comm_build(ds: Any) -> None:
