@@ -53,6 +53,8 @@ def test_default_profile_dry_run_is_the_cpu_grid() -> None:
     assert "srun" not in out
 
 
+# Snakemake parses the paper grid (hundreds of jobs) in a subprocess: seconds.
+@pytest.mark.slow
 def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
     out = _snakemake("--profile", "slurm", "-n", "--forceall")
     jobs = _job_counts(out)
