@@ -1,6 +1,7 @@
 # Two entry points, both idempotent on a fresh machine (see README "Quickstart"):
 #   make reproduce   set up, then run the main job through snakemake (default profile)
-#   make test        set up, then run the test suite (the 15 slowest tests reported)
+#   make test        set up, then run the test suite (the 15 slowest tests reported; a
+#                    test over 60 s fails: tests/time_limit.py)
 #   make test-quick  the inner loop: tests that start no rank processes and are not slow
 # and the paper-path rehearsal (root: it starts a local two-node Slurm cluster):
 #   make rehearse    snakemake --profile slurm on the paper grid's settings, to the report
@@ -36,7 +37,7 @@ $(STAMP): pyproject.toml $(PINS) | $(PY)
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 --max-test-seconds=60
 
 # Markers in pyproject.toml: dist (spawns processes), slow, slurm. docs/testing.md.
 test-quick: $(STAMP)

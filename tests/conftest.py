@@ -1,5 +1,5 @@
-"""Suite-wide settings: no hub access, a fixed Hypothesis profile, and `gpu` tests
-skipped without CUDA."""
+"""Suite-wide settings: no hub access, a fixed Hypothesis profile, the time guard
+(tests/time_limit.py), and `gpu` tests skipped without CUDA."""
 
 import os
 
@@ -11,6 +11,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
+
+# The time guard (a test over --max-test-seconds fails) and pytester for its own tests.
+pytest_plugins = ["pytester", "tests.time_limit"]
 
 # A clean clone has no `.hypothesis/` example database, so a randomized run would never
 # replay a failure another run found. The default `ci` profile derandomizes: every run

@@ -53,6 +53,8 @@ def test_default_profile_dry_run_is_the_cpu_grid() -> None:
     assert "srun" not in out
 
 
+# Snakemake parses the paper grid (hundreds of jobs) in a subprocess: seconds.
+@pytest.mark.slow
 def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
     out = _snakemake("--profile", "slurm", "-n", "--forceall")
     jobs = _job_counts(out)
@@ -139,18 +141,22 @@ def test_cache_and_train_agree_on_the_data_config() -> None:
 
 @pytest.mark.slow
 def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
-    """Real rules, real runs: proxies -> assets -> length cache -> train (GMT and ODB at
-    W=2) -> validation-loss evaluation -> two paper tables; then nothing left to do.
+    """Real rules, real runs: proxies -> assets -> length cache -> train (GMT and ODB, one
+    rank each) -> validation-loss evaluation -> two paper tables; then nothing left to do.
 
     Small runs: 8 training records and 8 held out, a warm-up epoch and one timed one
-    (the grid's 4 epochs of 24 records would only repeat the same path)."""
+    (the grid's 4 epochs of 16 records would only repeat the same path), one length-cache
+    pass; one rank a run and one core a job, so independent jobs run side by side."""
     config = _config("cpu.yaml")
     config["data"].update(proxy_samples=200, leverage_samples=100)
     per_dataset = dict.fromkeys(("ultrachat", "llava", "sharegpt4o", "mmmix"))
     config["train"].update(
         max_samples=dict.fromkeys(per_dataset, 16), holdout_samples=dict.fromkeys(per_dataset, 8),
-        epochs=2,
+        epochs=2, cache_repeats=1,
     )
+    # One rank a run, one core a job: the ODB run trains while the cache builds, GMT's
+    # while ODB's checkpoint is evaluated (W=2 through torchrun: tests/experiments/train).
+    config["train"]["models"]["tiny"].update(procs_per_node=1, threads=1)
     config["grid"] = [
         {
             "datasets": ["ultrachat"],

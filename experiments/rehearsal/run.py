@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / "results" / "rehearsal")
     parser.add_argument("--records", type=int, default=RECORDS, help="mirror rows a dataset")
     parser.add_argument("--jobs", type=int, default=4, help="Snakemake jobs in flight")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="the cluster's state directory (default /tmp/odb-slurm); a "
+                        "cluster already up there is used and left running")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workdir = args.workdir.resolve()
@@ -167,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     code = cluster.run([sys.executable, "-m", "experiments.rehearsal.run", "--inside",
                         "--slice", args.slice, "--workdir", str(args.workdir),
                         "--jobs", str(args.jobs)],
-                       cluster.DEFAULT_STATE_DIR, cpus=NODE_CPUS, memory_mb=NODE_MEMORY_MB)
+                       args.state_dir or cluster.DEFAULT_STATE_DIR, cpus=NODE_CPUS,
+                       memory_mb=NODE_MEMORY_MB)
     inner = args.workdir / "inside.json"
     summary = json.loads(inner.read_text()) if inner.exists() else {}
     summary.update(exit_code=code, total_seconds=round(time.monotonic() - start, 1),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.repeat_tests import main
 
 FLAKY = """
@@ -25,6 +27,8 @@ def test_skipped():
 """
 
 
+# Real pytest runs, one interpreter each (~3 s idle); the quick tier keeps the next test.
+@pytest.mark.slow
 def test_counts_outcomes_per_test_over_repeats(tmp_path: Path, monkeypatch) -> None:
     test_file = tmp_path / "test_sample.py"
     test_file.write_text(FLAKY)

@@ -13,6 +13,8 @@ from eval.results import PIPELINE_CHECK, validate_result
 FIXTURES = Path(__file__).parents[2] / "eval" / "fixtures" / "mmlu"
 
 
+# lm-eval builds the task and scores in process: ~6 s a checkpoint kind on 2 idle cores.
+@pytest.mark.slow
 def test_command_writes_a_valid_record(checkpoint, tmp_path) -> None:
     out = tmp_path / "mmlu.json"
     mmlu.main(

@@ -186,6 +186,12 @@ def test_site_conf_link_replaces_a_dead_clusters_link_and_refuses_a_live_one(
     site_conf.unlink()
     live = subprocess.Popen(["bash", "-c", "exec -a slurmctld sleep 60"])
     try:
+        # Until the child has exec'd, its cmdline is this interpreter's (seen on a loaded
+        # machine): the cluster is "up" only once the daemon's name shows.
+        deadline = time.monotonic() + 30
+        while b"slurmctld" not in Path(f"/proc/{live.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the stand-in slurmctld never started"
+            time.sleep(0.01)
         _recorded_cluster(tmp_path / "live", {"slurmctld": live.pid})
         site_conf.symlink_to(tmp_path / "live" / "slurm.conf")
         with pytest.raises(cluster.ClusterError, match="another local cluster is up"):

@@ -1,6 +1,10 @@
 """Fixtures of the train tests: a tiny saved model and a base config layer over the
-session's proxies (tests/experiments/conftest.py), small enough for seconds-long runs."""
+session's proxies (tests/experiments/conftest.py), small enough for seconds-long runs;
+``train`` (one run through the real entry point) and ``whole_run`` (Standard's and
+ODB's uninterrupted runs, made once per session and shared by the tests that read them)."""
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -8,11 +12,40 @@ import yaml
 
 from experiments.data.assets import build_tiny_model
 from experiments.data.pipeline import PreprocessedDataset
+from experiments.train.result import validate_result
+from tests.dist import run_torchrun
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "experiments" / "configs"
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
        "PYTHONPATH": str(REPO)}
+# The shared uninterrupted run: 16 training records (8 held out) for 2 epochs, 3
+# micro-steps a window, a checkpoint every window. Standard takes 2 samples per rank
+# and step at W=2 (budget 2048 // cutoff 1024): 4 steps an epoch, so each epoch ends on
+# a short window of 1 step (what the last-window resume test needs).
+WHOLE = ("data.max_samples=24", "train.max_steps=0", "train.epochs=2",
+         "train.grad_accum_steps=3", "run.save_every=1", "run.keep_checkpoints=100",
+         "run.record_sample_ids=true", "validation.enabled=true")
+WHOLE_TRAIN_SAMPLES = 16
+
+
+def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
+          world: int = 2, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
+    """One run of ``python -m experiments.train`` at ``world`` ranks (torchrun) over
+    ``base``, ``layers`` (relative to experiments/configs) and ``overrides``, into
+    ``out``; its result, checked against the result schema. A failed run fails the test
+    with its stderr."""
+    args = ["--config", str(base)]
+    for layer in layers:
+        args += ["--config", str(CONFIGS / layer)]
+    args += [f"run.out_dir={out}", *overrides]
+    code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout,
+                                env=ENV | (env or {}), module=True)
+    (out / "stderr.log").write_text(err)
+    assert code == 0, err[-5000:]
+    result = json.loads((out / "result.json").read_text())
+    validate_result(result)
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +82,24 @@ def base_config(proxy_root: Path, processor_dir: Path, tiny_model_dir: Path,
     path = tmp_path_factory.mktemp("train_config") / "base.yaml"
     path.write_text(yaml.safe_dump(base_layer(proxy_root, processor_dir, tiny_model_dir)))
     return path
+
+
+@pytest.fixture(scope="session")
+def whole_run(base_config: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> Callable[[str], tuple[Path, dict]]:
+    """``whole_run(method)``: (its output folder, its result) for ``method`` (standard or
+    odb) trained with :data:`WHOLE` overrides, run on first use and kept for the session.
+    Read-only: a test that resumes from it copies the folder first."""
+    done: dict[str, tuple[Path, dict]] = {}
+
+    def run(method: str) -> tuple[Path, dict]:
+        if method not in done:
+            out = tmp_path_factory.mktemp(f"whole_{method}")
+            done[method] = out, train(base_config, out, f"method/{method}.yaml",
+                                      overrides=WHOLE)
+        return done[method]
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import torch
 
 from experiments.data.pipeline import collate
 from experiments.train.model import set_trainable
-from tests.experiments.train.test_run import train
+from tests.experiments.train.conftest import train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

@@ -4,6 +4,7 @@ seen exactly once, with the step count of an uninterrupted run."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +17,7 @@ import torch.distributed as dist
 from experiments.train.config import ConfigError, load_config
 from experiments.train.run import main, resolve_resume
 from tests.dist import free_port, kill_tree
-from tests.experiments.train.conftest import CONFIGS, ENV
-from tests.experiments.train.test_run import train
+from tests.experiments.train.conftest import CONFIGS, ENV, WHOLE, WHOLE_TRAIN_SAMPLES, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -112,27 +112,29 @@ def _last_window_of_first_epoch(out: Path) -> Path:
 
 @pytest.mark.parametrize("method", ["standard", "odb"])
 def test_resume_from_an_epochs_last_window_starts_the_next_epoch(
-        method: str, base_config: Path, tmp_path: Path) -> None:
+        method: str, base_config: Path, whole_run, tmp_path: Path) -> None:
     """A checkpoint on an epoch's short last window holds a loader whose epoch is done
     (taking the window met the epoch's end): the resumed run trains the next epoch, not
-    the finished one again. Three micro-steps a window: Standard's 16 steps end on one."""
-    every_step = (*RESUMABLE, "train.epochs=2", "train.grad_accum_steps=3", "run.save_every=1",
-                  "run.keep_checkpoints=100")
-    whole = train(base_config, tmp_path / "whole", f"method/{method}.yaml",
-                  overrides=every_step)
-    folder = _last_window_of_first_epoch(tmp_path / "whole")
+    the finished one again. The session's uninterrupted run (``whole_run``: 2 epochs,
+    3 micro-steps a window, a checkpoint every window) is copied, then resumed from the
+    checkpoint on epoch 0's last window."""
+    whole_dir, whole = whole_run(method)
+    out = tmp_path / "resumed"
+    shutil.copytree(whole_dir, out)
+    folder = _last_window_of_first_epoch(out)
     saved = json.loads((folder / "trainer_state.json").read_text())["counters"]
     assert saved["loader_steps"] % 3 != 0, "the epoch's last window is not short"
-    result = train(base_config, tmp_path / "whole", f"method/{method}.yaml",
-                   overrides=("--resume", str(folder), *every_step))
+    result = train(base_config, out, f"method/{method}.yaml",
+                   overrides=("--resume", str(folder), *WHOLE))
     assert result["segments"] == 2
-    assert _emitted(tmp_path / "whole") == sorted(list(range(64)) * 2)
-    assert result["emitted_samples"] == whole["emitted_samples"] == 128
+    n = WHOLE_TRAIN_SAMPLES
+    assert _emitted(out) == sorted(list(range(n)) * 2)
+    assert result["emitted_samples"] == whole["emitted_samples"] == 2 * n
     assert result["optimizer_steps"] == whole["optimizer_steps"]
     # One throughput measurement per epoch run whole in one segment: both epochs of the
     # uninterrupted run; only epoch 1 of the resumed one (epoch 0 straddles the resume).
-    assert [(t["epoch"], t["samples"]) for t in whole["epoch_timings"]] == [(0, 64), (1, 64)]
-    assert [(t["epoch"], t["samples"]) for t in result["epoch_timings"]] == [(1, 64)]
+    assert [(t["epoch"], t["samples"]) for t in whole["epoch_timings"]] == [(0, n), (1, n)]
+    assert [(t["epoch"], t["samples"]) for t in result["epoch_timings"]] == [(1, n)]
     assert sum(t["steps"] for t in whole["epoch_timings"]) == whole["steps"]
-    final = json.loads((tmp_path / "whole" / "final" / "trainer_state.json").read_text())
+    final = json.loads((out / "final" / "trainer_state.json").read_text())
     assert final["schedule"]["fraction"] == 1.0

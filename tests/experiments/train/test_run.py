@@ -1,8 +1,10 @@
 """The train entry point end to end: real torchrun ranks, the tiny Qwen3-VL, every method.
 
 Each run is a few optimizer steps on 32 UltraChat proxy records (the base layer in
-conftest.py), checked against the result schema. Strategies: DDP over Gloo and DeepSpeed
-ZeRO-2 on CPU; modes: full and LoRA (peft).
+conftest.py), checked against the result schema; Standard and ODB train two whole
+epochs instead, in the session's shared runs (``whole_run`` in conftest.py), which the
+resume tests also read. Strategies: DDP over Gloo and DeepSpeed ZeRO-2 on CPU; modes:
+full and LoRA (peft).
 """
 
 import json
@@ -13,55 +15,65 @@ import pytest
 import torch.distributed as dist
 
 from experiments.train.config import ConfigError
-from experiments.train.result import validate_result
 from experiments.train.run import main
-from tests.dist import run_torchrun
-from tests.experiments.train.conftest import CONFIGS, ENV
+from tests.experiments.train.conftest import WHOLE_TRAIN_SAMPLES, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
-def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
-          world: int = 2, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
-    args = ["--config", str(base)]
-    for layer in layers:
-        args += ["--config", str(CONFIGS / layer)]
-    args += [f"run.out_dir={out}", *overrides]
-    code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout,
-                                env=ENV | (env or {}), module=True)
-    (out / "stderr.log").write_text(err)
-    assert code == 0, err[-5000:]
-    result = json.loads((out / "result.json").read_text())
-    validate_result(result)
-    return result
+def _rows(out: Path) -> list[dict]:
+    """Every rank's logged micro-steps (``run.record_sample_ids``)."""
+    return [json.loads(line) for rank in (0, 1)
+            for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("method", ["standard", "sorted", "gmt", "bmt", "packing", "odb"])
-def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: Path) -> None:
-    extra = ("run.record_sample_ids=true",
-             *(("validation.enabled=true",) if method == "odb" else ()))
-    result = train(base_config, tmp_path, f"method/{method}.yaml", overrides=extra)
+def _check_ddp_result(result: dict, out: Path, method: str) -> list[dict]:
+    """What every DDP run's result and files hold; its logged rows."""
     assert (result["method"], result["world_size"], result["strategy"]) == (method, 2, "ddp")
-    assert result["optimizer_steps"] == 3 and len(result["loss_curve"]) == 3
-    # What the result counts is what the ranks logged: distinct training samples.
-    rows = [json.loads(line) for rank in (0, 1)
-            for line in (tmp_path / f"samples_rank{rank}.jsonl").read_text().splitlines()]
-    ids = [i for row in rows for i in row["ids"]]
-    assert len(ids) == len(set(ids)) == result["emitted_samples"] > 0
-    assert set(ids) <= set(range(32))  # the 32 training records; 8 are held out
+    assert result["optimizer_steps"] == len(result["loss_curve"]) > 0  # log_every=1
+    rows = _rows(out)
     assert len(rows) == 2 * result["steps"] and result["padded_tokens"] > 0
-    assert result["epoch_timings"] == []  # 3 steps cut the epoch: no whole-epoch figure
+    assert result["emitted_samples"] == sum(len(row["ids"]) for row in rows) > 0
     assert result["throughput_samples_per_s"] == pytest.approx(
         result["emitted_samples"] / result["train_wall_s"], rel=1e-3)
     assert (result["length_cache"] is not None) == (method in ("sorted", "gmt", "bmt", "packing"))
-    if method == "odb":
-        assert result["validation"]["samples"] == 8 and result["validation"]["loss"] > 0
-    assert (tmp_path / "final" / "model" / "model.safetensors").exists()
-    assert (tmp_path / "final" / "model" / "tokenizer.json").exists()
+    assert (out / "final" / "model" / "model.safetensors").exists()
+    assert (out / "final" / "model" / "tokenizer.json").exists()
+    return rows
 
 
-@pytest.mark.parametrize("method", ["odb", "standard"])
-@pytest.mark.parametrize(("mode", "strategy"), [("lora", "ddp"), ("full", "deepspeed")])
+@pytest.mark.parametrize("method", ["sorted", "gmt", "bmt", "packing"])
+def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: Path) -> None:
+    """Three steps (``train.max_steps``) cut the epoch; Standard and ODB: the next test."""
+    result = train(base_config, tmp_path, f"method/{method}.yaml",
+                   overrides=("run.record_sample_ids=true",))
+    rows = _check_ddp_result(result, tmp_path, method)
+    assert result["optimizer_steps"] == 3
+    # What the result counts is what the ranks logged: distinct training samples.
+    ids = [i for row in rows for i in row["ids"]]
+    assert len(ids) == len(set(ids)) == result["emitted_samples"]
+    assert set(ids) <= set(range(32))  # the 32 training records; 8 are held out
+    assert result["epoch_timings"] == []  # 3 steps cut the epoch: no whole-epoch figure
+
+
+@pytest.mark.parametrize("method", ["standard", "odb"])
+def test_standard_and_odb_train_whole_epochs_with_ddp(method: str, whole_run) -> None:
+    """Two whole epochs: each reads every training record exactly once, is timed, and
+    the held-out records are scored."""
+    out, result = whole_run(method)
+    rows = _check_ddp_result(result, out, method)
+    for epoch in (0, 1):
+        ids = sorted(i for row in rows if row["epoch"] == epoch for i in row["ids"])
+        assert ids == list(range(WHOLE_TRAIN_SAMPLES)), f"epoch {epoch}"
+    assert [t["epoch"] for t in result["epoch_timings"]] == [0, 1]
+    assert result["validation"]["samples"] == 8 and result["validation"]["loss"] > 0
+
+
+# The method x (mode, strategy) product would repeat code paths: LoRA is the same
+# for every method, and ODB is the method with windows of uneven length and IDLE
+# micro-steps for DeepSpeed's accumulation boundary.
+@pytest.mark.parametrize(("method", "mode", "strategy"),
+                         [("standard", "lora", "ddp"), ("odb", "full", "deepspeed")])
 def test_lora_and_deepspeed(method: str, mode: str, strategy: str, base_config: Path,
                             tmp_path: Path) -> None:
     extensions = tmp_path / "torch_extensions"

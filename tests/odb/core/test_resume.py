@@ -5,10 +5,11 @@ epoch's full id multiset (join) — or, in non-join mode, the epoch's ids minus 
 it hands to the next epoch — with no duplicates, also when the world size changes.
 Every rank saves its own piece without a collective; the restore takes all pieces.
 
-The real-rank cases share their rank processes: a module fixture saves every case's
-pieces in one spawn per world size, then restores them in one spawn per world size
-(5 spawns for 10 cases; a case that fails shows its traceback in every test of the
-module). Each loader has its own process group, so cases in one process are independent.
+The real-rank cases share their rank processes, spawned when a test first needs them
+(``RealRanks``, through ``tests/odb/rank_calls``): one spawn per world size saves, one
+per world size restores (5 spawns for 10 cases when the module runs whole; fewer for a
+test run alone). A case that fails shows its traceback in every test that reads its
+spawn. Each loader has its own process group, so cases in one process are independent.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 import odb
 from odb.core.resume import LoaderState, merge_pieces, parse_pieces
-from tests.odb.rank_calls import run_calls
+from tests.odb.rank_calls import Call, LazyCalls, run_calls
 from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
@@ -102,33 +103,54 @@ def test_resume_after_last_step_positions_next_epoch() -> None:
 
 TWO_RANKS = [(k, join) for join in (True, False) for k in (0, 1, 7)]  # (k, join)
 ELASTIC = [(2, 1), (2, 3), (3, 2)]  # (old_world, new_world), 5 steps saved, join
+# Per case: (world that saves, steps saved, join, world that restores).
+PLAN = {("two", k, join): (2, k, join, 2) for k, join in TWO_RANKS}
+PLAN |= {("elastic", old, new): (old, 5, True, new) for old, new in ELASTIC}
+
+
+class RealRanks:
+    """Every real-rank case, run when a test first needs it: ``self["rank0"]`` is the
+    lone-save ranks' results; ``self[("two", k, join) | ("elastic", old, new)]`` is
+    ``(before, after)``, each rank's return of the save and of the restore.
+
+    Saves run through one :class:`LazyCalls` (a spawn per saving world size); reading
+    a case restores every case that restores at its world size, in one spawn.
+    """
+
+    def __init__(self) -> None:
+        # Rank 0's lone save first, while its process has no other loader that might
+        # call a collective in the window where they are refused.
+        saves = {"rank0": (2, _rank0_only_save, ())}
+        saves |= {key: (w, _first_part, (k, join)) for key, (w, k, join, _) in PLAN.items()}
+        self.saved = LazyCalls(saves)
+        self._restored: dict[Any, list] = {}
+
+    def _load(self, key: Any) -> Call:
+        _, k, join, new_world = PLAN[key]
+        pieces = [state for _, state, _ in self.saved[key]]
+        if key[0] == "two":
+            random.Random(k).shuffle(pieces)  # any order
+        return new_world, _second_part, (pieces, join)
+
+    def __getitem__(self, key: Any) -> Any:
+        if key == "rank0":
+            return self.saved[key]
+        if key not in self._restored:
+            world = PLAN[key][3]
+            self._restored |= run_calls({k: self._load(k) for k, p in PLAN.items()
+                                         if p[3] == world})
+        return self.saved[key], self._restored[key]
 
 
 @pytest.fixture(scope="module")
-def real_ranks() -> dict[Any, Any]:
-    """Every real-rank case, run: ``{("two", k, join) | ("elastic", old, new): (before,
-    after), "rank0": results}``; ``before``/``after`` hold each rank's part's return."""
-    plan = {("two", k, join): (2, k, join, 2) for k, join in TWO_RANKS}
-    plan |= {("elastic", old, new): (old, 5, True, new) for old, new in ELASTIC}
-    # Rank 0's lone save first, while its process has no other loader that might call a
-    # collective in the window where they are refused.
-    saves = {"rank0": (2, _rank0_only_save, ())}
-    saves |= {key: (w, _first_part, (k, join)) for key, (w, k, join, _) in plan.items()}
-    saved = run_calls(saves)
-    loads = {}
-    for key, (_, k, join, new_world) in plan.items():
-        pieces = [state for _, state, _ in saved[key]]
-        if key[0] == "two":
-            random.Random(k).shuffle(pieces)  # any order
-        loads[key] = (new_world, _second_part, (pieces, join))
-    restored = run_calls(loads)
-    return {"rank0": saved["rank0"], **{key: (saved[key], restored[key]) for key in plan}}
+def real_ranks() -> RealRanks:
+    return RealRanks()
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("join", [True, False])
 @pytest.mark.parametrize("k", [0, 1, 7])
-def test_resume_two_ranks(real_ranks: dict[Any, Any], k: int, join: bool) -> None:
+def test_resume_two_ranks(real_ranks: RealRanks, k: int, join: bool) -> None:
     before, after = real_ranks[("two", k, join)]
     assert [state["rank"] for _, state, _ in before] == [0, 1], "each rank saves its own piece"
     _check(before, after, join)
@@ -136,7 +158,7 @@ def test_resume_two_ranks(real_ranks: dict[Any, Any], k: int, join: bool) -> Non
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("old_world", "new_world"), ELASTIC)
-def test_elastic_resume(real_ranks: dict[Any, Any], old_world: int, new_world: int) -> None:
+def test_elastic_resume(real_ranks: RealRanks, old_world: int, new_world: int) -> None:
     before, after = real_ranks[("elastic", old_world, new_world)]
     assert len(before) == old_world and len(after) == new_world
     _check(before, after, True)
@@ -179,7 +201,7 @@ def _rank0_only_save(rank: int, world_size: int) -> tuple[list[int], dict | None
 
 
 @pytest.mark.dist
-def test_rank0_only_state_dict_needs_no_collective(real_ranks: dict[Any, Any]) -> None:
+def test_rank0_only_state_dict_needs_no_collective(real_ranks: RealRanks) -> None:
     results = real_ranks["rank0"]
     piece = results[0][1]
     assert piece is not None and piece["rank"] == 0 and piece["world_size"] == 2
