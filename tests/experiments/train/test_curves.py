@@ -82,8 +82,9 @@ def test_closing_leaves_no_thread_or_open_file_also_after_an_error(tmp_path: Pat
         Curves(tmp_path / "other", first_step=0)
 
 
-# 9 records, none held out, one whole epoch of ODB at W=2: the epoch's end leaves a rank
-# without a batch (an IDLE step). Points are exchanged every 2 steps and at the end.
+# 9 records, none held out, one whole epoch of Standard at W=2 (2 samples a batch: budget
+# 2048 // cutoff 1024): rank 1 runs out of samples a step before rank 0 (an IDLE step).
+# Points are exchanged every 2 steps and at the end.
 WHOLE_EPOCH = ("data.max_samples=9", "data.holdout_samples=0", "train.max_steps=0",
                "run.log_every=2", "run.record_sample_ids=true")
 
@@ -105,7 +106,7 @@ def test_a_run_writes_one_point_per_optimizer_step(base_config: Path, ultrachat_
     stale = tmp_path / CURVES_DIR / "events.out.tfevents.0.an-earlier-run"
     stale.parent.mkdir()
     stale.write_text("")
-    result = train(base_config, tmp_path, "method/odb.yaml", overrides=WHOLE_EPOCH)
+    result = train(base_config, tmp_path, "method/standard.yaml", overrides=WHOLE_EPOCH)
     assert not stale.exists(), "a fresh run keeps an earlier run's curves"
     assert result["tensorboard"] == str(tmp_path / CURVES_DIR)
     steps = list(range(1, result["optimizer_steps"] + 1))
