@@ -203,6 +203,8 @@ def test_a_tiny_target_runs_end_to_end(tmp_path: Path) -> None:
     # Each epoch's data wait and alignment round time (the depth and policy tables' figures)
     assert all(t["round_ms"] > 0 for t in run["epoch_timings"])
     assert sum(t["data_wait_s"] for t in run["epoch_timings"]) <= run["data_wait_s"] + 1e-3
+    curves = tmp_path / "results/train/ultrachat.odb.tiny-full-n1-s0/tensorboard"
+    assert any(curves.glob("events.out.tfevents.*")), "the run keeps its training curves"
     assert "Nothing to be done" in _snakemake(*args, *targets, "-n")
 
 

@@ -5,5 +5,6 @@
 ``experiments/configs/`` for the layers. Modules: `config` (the validated config),
 `model` (build, freeze, LoRA), `strategy` (DDP / DeepSpeed over ``odb.integrations``
 windows), `schedule` (the progress-driven learning rate), `loop` (windows of
-micro-steps), `checkpoint`, `result` (the result JSON).
+micro-steps), `curves` (TensorBoard training curves), `checkpoint`, `result` (the result
+JSON).
 """

@@ -3,9 +3,10 @@
 Separate from set-up (``experiments.train.run``) so the loop reads as what it does: take
 one gradient-accumulation window from the strategy (``odb.integrations`` windows), set
 the learning rate from the training progress reached before it, run each micro-step,
-step the optimizer, count, log, checkpoint. Counters that cover all ranks come from the
-step info (the loaders exchange them already); the only trainer-group collectives added
-here are one all-reduce of the window losses every ``log_every`` steps and the
+step the optimizer, count, log, write the training curves (rank 0), checkpoint. Counters
+that cover all ranks come from the step info (the loaders exchange them already); the
+only trainer-group collectives added here are one all-reduce of the windows' loss sums
+(with their token and IDLE counts, for the curves) every ``log_every`` steps and the
 checkpoint barriers.
 """
 
@@ -16,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import odb
 from experiments.data.pixels import decode_batch
 from experiments.train.config import OptimConfig
+from experiments.train.curves import Curves, StepPoint
 from experiments.train.schedule import build_scheduler
 
 __all__ = ["Counters", "TrainLoop"]
@@ -70,6 +72,19 @@ class Counters:
 
 
 LOCAL_COUNTERS = ("real_tokens", "padded_tokens", "idle_steps", "data_wait_s")
+# This rank's counts of one window, summed over the ranks with its loss for the curves.
+WINDOW_COUNTS = ("real_tokens", "padded_tokens", "idle_steps")
+
+
+class _Pending(NamedTuple):
+    """An optimizer step whose figures still have to be summed over the ranks."""
+
+    step: int
+    loss_sum: torch.Tensor  # this rank's token-loss sum over the window (on the device)
+    loss_tokens: int  # the window's global loss tokens
+    lr: float
+    counts: tuple[int, ...]  # this rank's WINDOW_COUNTS of the window
+    wall_s: float  # this rank's wall time of the step
 
 
 class TrainLoop:
@@ -87,13 +102,15 @@ class TrainLoop:
         save: ``save(counters, schedule_state)``: writes a checkpoint (collective).
         sample_log: Optional open file for per-step sample ids (one JSON line per step).
         progress_bar: Optional tqdm bar, advanced once per optimizer step.
+        curves: Optional `experiments.train.curves.Curves` (rank 0): gets every optimizer
+            step's point once the loss all-reduce has summed it over the ranks.
     """
 
     def __init__(self, *, strategy: Any, loader: Any, dataset: Any, optim: OptimConfig,
                  counters: Counters, fraction: float, epochs: int, max_steps: int,
                  log_every: int, save_every: int,
                  save: Callable[[Counters, dict[str, float]], None], sample_log: Any = None,
-                 progress_bar: Any = None) -> None:
+                 progress_bar: Any = None, curves: Curves | None = None) -> None:
         self.strategy, self.loader, self.dataset = strategy, loader, dataset
         # uint8 pixels (DataConfig.pixels) become the processor's floats on the device.
         self.pixel_codec = getattr(dataset, "pixel_codec", None)
@@ -102,7 +119,8 @@ class TrainLoop:
         self.epochs, self.max_steps = epochs, max_steps
         self.log_every, self.save_every = log_every, save_every
         self.save, self.sample_log, self.bar = save, sample_log, progress_bar
-        self._pending: list[tuple[int, torch.Tensor, int, float]] = []
+        self.curves = curves
+        self._pending: list[_Pending] = []
         self._started = time.perf_counter()
 
     def schedule_state(self) -> dict[str, float]:
@@ -124,7 +142,7 @@ class TrainLoop:
             if self.c.epoch >= self.epochs:  # also when resumed after the last epoch's end
                 self._advance(1.0)
         finally:
-            self._flush_losses()
+            self._flush_steps()
             self.c.train_wall_s += time.perf_counter() - started
         return self.c
 
@@ -175,6 +193,7 @@ class TrainLoop:
     # ------------------------------------------------------------ one window
 
     def _train_window(self, window: Any) -> None:
+        started, before = time.perf_counter(), self._window_counts()
         self.c.data_wait_s += window.wait_s
         lr = self.scheduler.get_last_lr()[0]
         losses = []
@@ -185,14 +204,19 @@ class TrainLoop:
         loss_sum = torch.stack(losses).sum()
         self.strategy.optimizer_step()
         self.c.optimizer_steps += 1
-        self._pending.append((self.c.optimizer_steps, loss_sum, max(window.loss_tokens, 1), lr))
+        counts = tuple(n - b for n, b in zip(self._window_counts(), before, strict=True))
+        self._pending.append(_Pending(self.c.optimizer_steps, loss_sum,
+                                      max(window.loss_tokens, 1), lr, counts,
+                                      window.wait_s + time.perf_counter() - started))
         if self.bar is not None:
             self.bar.update(1)
         if self.c.optimizer_steps % self.log_every == 0:
-            self._flush_losses()
+            self._flush_steps()
             self._log()
         if self.save_every and self.c.optimizer_steps % self.save_every == 0:
-            self._flush_losses()  # the checkpoint's loss curve is complete up to here
+            self._flush_steps()  # the checkpoint's loss curve is complete up to here
+            if self.curves is not None:
+                self.curves.flush()  # and so are the event files, should the run be killed
             elapsed = time.perf_counter() - self._started
             self.save(replace(self.c, train_wall_s=self.c.train_wall_s + elapsed,
                               loss_curve=list(self.c.loss_curve)), self.schedule_state())
@@ -211,15 +235,26 @@ class TrainLoop:
 
     # ------------------------------------------------------------ reporting
 
-    def _flush_losses(self) -> None:
-        """All-reduce the pending window loss sums into global per-token means."""
+    def _window_counts(self) -> tuple[int, ...]:
+        return tuple(getattr(self.c, name) for name in WINDOW_COUNTS)
+
+    def _flush_steps(self) -> None:
+        """All-reduce the pending steps' loss sums and counts (one collective) into global
+        figures: the loss curve's points and, on rank 0, the training curves' points."""
         if not self._pending:
             return
-        sums = torch.stack([p[1] for p in self._pending]).double()
+        sums = torch.stack([p.loss_sum for p in self._pending]).double()
+        counts = torch.tensor([p.counts for p in self._pending], dtype=torch.float64,
+                              device=sums.device)
+        table = torch.cat([sums[:, None], counts], dim=1)
         if dist.is_initialized():
-            dist.all_reduce(sums)
-        for (step, _, tokens, lr), total in zip(self._pending, sums.tolist(), strict=True):
-            self.c.loss_curve.append({"step": step, "loss": total / tokens, "lr": lr})
+            dist.all_reduce(table)
+        for p, (total, *summed) in zip(self._pending, table.tolist(), strict=True):
+            point = {"step": p.step, "loss": total / p.loss_tokens, "lr": p.lr}
+            self.c.loss_curve.append(point)
+            if self.curves is not None:
+                totals = dict(zip(WINDOW_COUNTS, map(round, summed), strict=True))
+                self.curves.add(StepPoint(**point, **totals, wall_s=p.wall_s))
         self._pending.clear()
 
     def _log(self) -> None:

@@ -65,11 +65,13 @@ def peak_memory() -> dict[str, int | None]:
 def build_result(*, cfg: Any, counters: Any, world_size: int,
                  nodes: int, params: dict[str, int], memory: dict[str, int | None],
                  validation: dict[str, Any] | None, length_cache: dict[str, Any] | None,
-                 loader_stats: dict[str, Any], started: str, finished: str) -> dict[str, Any]:
+                 loader_stats: dict[str, Any], tensorboard: str, started: str,
+                 finished: str) -> dict[str, Any]:
     """Assemble the result record of a finished run (rank 0).
 
     ``counters`` hold global values: tokens and ``idle_steps`` (rank-steps) already
-    summed over the ranks.
+    summed over the ranks. ``tensorboard`` is the folder of the run's training curves
+    (`experiments.train.curves`).
     """
     wall = max(counters.train_wall_s, 1e-9)
     padded_tokens = counters.padded_tokens
@@ -107,6 +109,7 @@ def build_result(*, cfg: Any, counters: Any, world_size: int,
         "parameters": params,
         "loss_curve": curve,
         "final_train_loss": curve[-1]["loss"] if curve else None,
+        "tensorboard": tensorboard,
         "validation": validation,
         "length_cache": length_cache,
         "loader_stats": loader_stats,

@@ -25,6 +25,7 @@ checkpoint under ``run.out_dir`` (a fresh start when there is none).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import json
@@ -49,6 +50,7 @@ from baselines.length_cache import build as build_length_cache
 from experiments.data.pipeline import PreprocessedDataset, collate
 from experiments.train import checkpoint as ckpt
 from experiments.train.config import ConfigError, TrainConfig, load_config
+from experiments.train.curves import CURVES_DIR, Curves
 from experiments.train.loop import Counters, TrainLoop
 from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
 from experiments.train.result import build_result, peak_memory, validate_result
@@ -309,14 +311,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if note:
         log.warning(note)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if resume_from is None and d.rank == 0 and (out_dir / "checkpoints").exists():
-        log.info("fresh run: removing %s", out_dir / "checkpoints")
-        shutil.rmtree(out_dir / "checkpoints")
+    if resume_from is None and d.rank == 0:
+        _clear_previous_run(out_dir)
     torch.manual_seed(cfg.run.seed + d.rank)
     try:
         return _train(cfg, d, out_dir, resume_from, started, clock)
     finally:
         dist.destroy_process_group()
+
+
+def _clear_previous_run(out_dir: Path) -> None:
+    """A fresh run's folder holds no earlier run's checkpoints or training curves."""
+    for name in ("checkpoints", CURVES_DIR):
+        if (out_dir / name).exists():
+            log.info("fresh run: removing %s", out_dir / name)
+            shutil.rmtree(out_dir / name)
 
 
 def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
@@ -356,7 +365,8 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     result = build_result(
         cfg=cfg, counters=counters, world_size=d.world_size,
         nodes=d.nodes, params=params, memory=peak_memory(), validation=validation,
-        length_cache=cache_info, loader_stats=loader.stats(), started=started,
+        length_cache=cache_info, loader_stats=loader.stats(),
+        tensorboard=str(out_dir / CURVES_DIR), started=started,
         finished=datetime.now(UTC).isoformat(timespec="seconds"))
     validate_result(result)
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
@@ -387,19 +397,22 @@ class Checkpointer:
 
 def _run_loop(cfg: TrainConfig, d: Dist, out_dir: Path, resumed: bool,
               loop: TrainLoop) -> tuple[Counters, dict[str, float]]:
-    """Run ``loop`` with its sample log and progress bar open; (counters, schedule state)."""
-    if cfg.run.record_sample_ids:
-        # a resumed run appends to the log its checkpoint trimmed; a fresh one starts it
-        path = out_dir / f"samples_rank{d.rank}.jsonl"
-        loop.sample_log = path.open("a" if resumed else "w")
-    loop.bar = _progress_bar(d.rank, loop.loader)
-    try:
-        return loop.run(), loop.schedule_state()
-    finally:
-        if loop.sample_log is not None:
-            loop.sample_log.close()
+    """Run ``loop`` with its sample log, progress bar and (rank 0) training curves open,
+    closed on every way out; (counters, schedule state)."""
+    with contextlib.ExitStack() as stack:
+        if cfg.run.record_sample_ids:
+            # a resumed run appends to the log its checkpoint trimmed; a fresh one starts it
+            path = out_dir / f"samples_rank{d.rank}.jsonl"
+            loop.sample_log = stack.enter_context(path.open("a" if resumed else "w"))
+        loop.bar = _progress_bar(d.rank, loop.loader)
         if loop.bar is not None:
-            loop.bar.close()
+            stack.callback(loop.bar.close)
+        if d.rank == 0:
+            # a resumed run's points replace those its interrupted segment wrote past the
+            # checkpoint
+            loop.curves = stack.enter_context(
+                Curves(out_dir / CURVES_DIR, first_step=loop.c.optimizer_steps + 1))
+        return loop.run(), loop.schedule_state()
 
 
 def _sum_rank_counters(counters: Counters, device: torch.device) -> None:
