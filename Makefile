@@ -71,8 +71,10 @@ rehearse: $(STAMP)
 # LLaMA-Factory pins transformers, datasets, peft and accelerate below the artifact's, so
 # it gets its own venv. Torch first (the same CPU pin), then the full freeze of that venv
 # with --no-deps: llamafactory also declares its web UI and multimodal stack (gradio,
-# torchvision, torchaudio, av), which text SFT does not import and which would pull
-# another torch. odb editable, without dependencies. docs/integrations.md, "LLaMA-Factory".
+# torchvision, av, ...), which text SFT does not import and which would pull another
+# torch. torchaudio 2.11.1's native extension is built for torch 2.11 and cannot load, so
+# it is removed (the package imports as pure Python; requirements/llamafactory.txt says
+# why). odb editable, without dependencies. docs/integrations.md, "LLaMA-Factory".
 LF_VENV  := .venv-llamafactory
 LF_PY    := $(LF_VENV)/bin/python
 LF_PINS  := requirements/llamafactory.txt
@@ -84,6 +86,7 @@ $(LF_PY):
 $(LF_STAMP): pyproject.toml $(LF_PINS) | $(LF_PY)
 	$(LF_PY) -m pip install '$(TORCH)'
 	$(LF_PY) -m pip install --no-deps -r $(LF_PINS)
+	$(LF_PY) -c 'import pathlib, sysconfig; [p.unlink() for p in pathlib.Path(sysconfig.get_paths()["purelib"], "torchaudio", "lib").glob("*.so")]'
 	$(LF_PY) -m pip install --no-deps -e .
 	touch $(LF_STAMP)
 

@@ -8,10 +8,12 @@ setting that cannot hold with ODB batches is refused by name.
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 
 import pytest
 
+from odb.integrations import llamafactory
 from odb.integrations.llamafactory import check_recipe
 
 RECIPE = {"stage": "sft", "do_train": True, "template": "qwen", "odb": {"token_budget": 512}}
@@ -19,6 +21,10 @@ RECIPE = {"stage": "sft", "do_train": True, "template": "qwen", "odb": {"token_b
 
 def test_the_module_imports_without_llamafactory() -> None:
     assert importlib.util.find_spec("llamafactory") is None  # else this proves nothing
+
+
+def test_the_docstring_example_runs() -> None:
+    assert doctest.testmod(llamafactory).failed == 0
 
 
 def test_a_recipe_splits_into_llamafactory_args_and_loader_options() -> None:
