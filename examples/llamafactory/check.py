@@ -33,8 +33,9 @@ WORDS = "the a model token batch rank budget sample loss step data pad window gr
 def build_assets(out: Path, samples: int, seed: int = 0) -> Path:
     """Tiny model, tokenizer, dataset and recipe under ``out``; returns the recipe path."""
     sys.path.insert(0, str(ROOT))  # the artifact's experiments package (not installed)
-    from experiments.data.assets import train_tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from experiments.data.assets import train_tokenizer
 
     rng = random.Random(seed)
     records = [
@@ -48,7 +49,8 @@ def build_assets(out: Path, samples: int, seed: int = 0) -> Path:
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     (data / "tiny_sft.json").write_text(json.dumps(records))
-    (data / "dataset_info.json").write_text(json.dumps({"tiny_sft": {"file_name": "tiny_sft.json"}}))
+    info = {"tiny_sft": {"file_name": "tiny_sft.json"}}  # LLaMA-Factory's dataset_info.json
+    (data / "dataset_info.json").write_text(json.dumps(info))
     texts = [r["instruction"] + " " + r["output"] for r in records]
     tokenizer = train_tokenizer(iter(texts * 4), out / "model", vocab_size=400)
     config = Qwen3Config(

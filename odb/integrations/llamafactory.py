@@ -20,7 +20,9 @@ Refused, with what to change (:func:`check_recipe`): ``packing`` and ``neat_pack
 make a sample's tokens no longer one sample), streaming datasets, ASFT/DFT/EAFT losses
 (their own normalisation), ``ignore_pad_token_for_loss: false`` (padding would count
 as loss tokens), a ``per_device_train_batch_size`` (ODB's token budget sets the batch),
-and multimodal models (the collator would need the model in ODB's collate process).
+``do_eval``/``do_predict`` (this launcher trains and saves; evaluate the saved model with
+``llamafactory-cli``), and multimodal models (the collator would need the model in ODB's
+collate process).
 
 This module imports llamafactory only when a recipe is run, so ``import odb`` and
 ``import odb.integrations`` stay free of it; llamafactory pins older transformers,
@@ -35,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from odb.loader import ODBLoader
+
 __all__ = ["ODB_KEY", "check_recipe", "run_sft", "sft_trainer"]
 
 # The recipe's section holding the ODBLoader options.
@@ -48,6 +52,8 @@ _REFUSED: dict[str, tuple[Any, str]] = {
     "use_dft_loss": (True, "DFT's loss is not checked against ODB's normaliser"),
     "use_eaft_loss": (True, "EAFT's loss is not checked against ODB's normaliser"),
     "ignore_pad_token_for_loss": (False, "padding labels would count as loss tokens"),
+    "do_eval": (True, "the launcher trains; evaluate the saved model with llamafactory-cli"),
+    "do_predict": (True, "the launcher trains; predict with llamafactory-cli on the saved model"),
 }
 
 
@@ -115,16 +121,10 @@ def sft_trainer(recipe: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> Any
     Raises:
         ValueError: See :func:`check_recipe`; also a multimodal model (a processor).
     """
-    from llamafactory.data import (
-        SFTDataCollatorWith4DAttentionMask,
-        get_dataset,
-        get_template_and_fix_tokenizer,
-    )
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
     from llamafactory.extras.constants import IGNORE_INDEX
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_model, load_tokenizer
-
-    import odb
 
     args, options = check_recipe(recipe)
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
@@ -140,17 +140,8 @@ def sft_trainer(recipe: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> Any
         template, model_args, data_args, training_args, stage="sft", **tokenizer_module
     )
     model = load_model(tokenizer, model_args, finetuning_args, training_args.do_train)
-    collator = SFTDataCollatorWith4DAttentionMask(
-        template=template,
-        model=None,  # used only for multimodal rope indices, refused above
-        pad_to_multiple_of=8,  # as LLaMA-Factory's run_sft pads for training
-        label_pad_token_id=IGNORE_INDEX,
-        block_diag_attn=model_args.block_diag_attn,
-        attn_implementation=getattr(model.config, "_attn_implementation", None),
-        compute_dtype=model_args.compute_dtype,
-        **tokenizer_module,
-    )
-    loader = odb.ODBLoader(
+    collator = _collator(template, model, model_args, tokenizer_module)
+    loader = ODBLoader(
         dataset_module["train_dataset"],
         collate_fn=collator,
         grad_accum_steps=training_args.gradient_accumulation_steps,
@@ -165,6 +156,23 @@ def sft_trainer(recipe: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> Any
         callbacks=list(callbacks),
         eval_dataset=dataset_module.get("eval_dataset"),
         train_loader=loader,
+        **tokenizer_module,
+    )
+
+
+def _collator(template: Any, model: Any, model_args: Any, tokenizer_module: dict) -> Any:
+    """LLaMA-Factory's SFT collator as its ``run_sft`` builds it for training."""
+    from llamafactory.data import SFTDataCollatorWith4DAttentionMask
+    from llamafactory.extras.constants import IGNORE_INDEX
+
+    return SFTDataCollatorWith4DAttentionMask(
+        template=template,
+        model=None,  # used only for multimodal rope indices; multimodal models are refused
+        pad_to_multiple_of=8,
+        label_pad_token_id=IGNORE_INDEX,  # ignore_pad_token_for_loss: false is refused
+        block_diag_attn=model_args.block_diag_attn,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        compute_dtype=model_args.compute_dtype,
         **tokenizer_module,
     )
 

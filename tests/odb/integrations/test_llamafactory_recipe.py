@@ -49,6 +49,8 @@ def test_an_explicit_ignore_data_skip_is_kept_for_odbtrainer_to_judge() -> None:
         ("use_eaft_loss", True),
         ("ignore_pad_token_for_loss", False),
         ("per_device_train_batch_size", 1),
+        ("do_eval", True),
+        ("do_predict", True),
     ],
 )
 def test_settings_that_cannot_hold_with_odb_are_refused_by_name(key: str, value: object) -> None:
