@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -99,6 +100,7 @@ def check(out: Path, samples: int, timeout: float) -> list[str]:
     from tests.dist import run_torchrun
 
     build_assets(out, samples)
+    shutil.rmtree(out / "ids", ignore_errors=True)  # never judge an earlier run's record
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     code, stdout, stderr = run_torchrun(__file__, 2, ["--rank", "--out", str(out)], timeout, env)
     if code != 0:
