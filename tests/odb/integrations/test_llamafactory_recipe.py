@@ -3,13 +3,15 @@
 The training itself runs in its own venv: ``make check-llamafactory``
 (``examples/llamafactory/check.py``). Here: the module imports without llamafactory, a
 recipe is split into LLaMA-Factory's arguments and the ODBLoader options, and every
-setting that cannot hold with ODB batches is refused by name.
+setting that cannot hold with ODB batches is refused by name; the venv's pins are exact.
 """
 
 from __future__ import annotations
 
 import doctest
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,20 @@ def test_the_same_settings_switched_off_pass(key: str, value: object) -> None:
 def test_a_recipe_that_is_not_odb_sft_is_refused(recipe: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_recipe(recipe)
+
+
+def test_the_llamafactory_venv_pins_are_exact_and_share_the_artifacts_torch() -> None:
+    root = Path(__file__).resolve().parents[3]
+
+    def pins(name: str) -> dict[str, str]:
+        lines = (root / "requirements" / name).read_text().splitlines()
+        found = {}
+        for line in (ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")):
+            package, sep, version = line.partition("==")
+            assert sep and version and not re.search(r"[<>=!~;\[ +]", package + version), line
+            found[package.lower()] = version
+        return found
+
+    ours = pins("llamafactory.txt")
+    assert ours["torch"] == pins("artifact.txt")["torch"]  # the CPU wheel the Makefile installs
+    assert ours["llamafactory"] == "0.9.5"  # what docs/integrations.md was checked against
