@@ -34,6 +34,7 @@ WORDS = "the a model token batch rank budget sample loss step data pad window gr
 def build_assets(out: Path, samples: int, seed: int = 0) -> Path:
     """Tiny model, tokenizer, dataset and recipe under ``out``; returns the recipe path."""
     sys.path.insert(0, str(ROOT))  # the artifact's experiments package (not installed)
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from experiments.data.assets import train_tokenizer
@@ -60,6 +61,7 @@ def build_assets(out: Path, samples: int, seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
     )  # fmt: skip
+    torch.manual_seed(seed)
     Qwen3ForCausalLM(config).save_pretrained(out / "model")
     recipe = yaml.safe_load(RECIPE.read_text())
     recipe.update(model_name_or_path=str(out / "model"), dataset_dir=str(data))

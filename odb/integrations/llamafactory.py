@@ -21,7 +21,8 @@ make a sample's tokens no longer one sample), streaming datasets, ASFT/DFT/EAFT 
 (their own normalisation), ``ignore_pad_token_for_loss: false`` (padding would count
 as loss tokens), a ``per_device_train_batch_size`` (ODB's token budget sets the batch),
 ``do_eval``/``do_predict`` (this launcher trains and saves; evaluate the saved model with
-``llamafactory-cli``), and multimodal models (the collator would need the model in ODB's
+``llamafactory-cli``), the callbacks it does not add (SwanLab, the profilers), the
+hyper_parallel trainer, and multimodal models (the collator would need the model in ODB's
 collate process).
 
 This module imports llamafactory only when a recipe is run, so ``import odb`` and
@@ -54,6 +55,10 @@ _REFUSED: dict[str, tuple[Any, str]] = {
     "ignore_pad_token_for_loss": (False, "padding labels would count as loss tokens"),
     "do_eval": (True, "the launcher trains; evaluate the saved model with llamafactory-cli"),
     "do_predict": (True, "the launcher trains; predict with llamafactory-cli on the saved model"),
+    "use_hyper_parallel": (True, "hyper_parallel brings its own SFT trainer"),
+    "use_swanlab": (True, "the launcher adds no SwanLab callback; use report_to"),
+    "enable_torch_profiler": (True, "the launcher adds no profiler callback"),
+    "profile_modules": (True, "the launcher adds no module profiler callback"),
 }
 
 
@@ -127,7 +132,7 @@ def sft_trainer(recipe: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> Any
     from llamafactory.model import load_model, load_tokenizer
 
     args, options = check_recipe(recipe)
-    model_args, data_args, training_args, finetuning_args, _ = get_train_args(args)
+    model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
     tokenizer_module = load_tokenizer(model_args)
     if tokenizer_module.get("processor") is not None:
         raise ValueError(
@@ -153,11 +158,29 @@ def sft_trainer(recipe: Mapping[str, Any], callbacks: Sequence[Any] = ()) -> Any
         args=training_args,
         finetuning_args=finetuning_args,
         data_collator=collator,  # evaluation batches; ODB collates training batches
-        callbacks=list(callbacks),
+        callbacks=_callbacks(model_args, data_args, finetuning_args, generating_args, callbacks),
         eval_dataset=dataset_module.get("eval_dataset"),
         train_loader=loader,
         **tokenizer_module,
     )
+
+
+def _callbacks(
+    model_args: Any, data_args: Any, finetuning_args: Any, generating_args: Any, extra: Sequence
+) -> list[Any]:
+    """The callbacks LLaMA-Factory's ``run_exp`` gives ``run_sft`` (its log file
+    ``trainer_log.jsonl``, PiSSA conversion, early stopping, the reporter last), plus
+    ``extra``."""
+    from llamafactory.train.callbacks import LogCallback, PissaConvertCallback, ReporterCallback
+    from transformers import EarlyStoppingCallback
+
+    callbacks = [LogCallback(), *extra]
+    if finetuning_args.pissa_convert:
+        callbacks.append(PissaConvertCallback())
+    if finetuning_args.early_stopping_steps is not None:
+        patience = finetuning_args.early_stopping_steps
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return [*callbacks, ReporterCallback(model_args, data_args, finetuning_args, generating_args)]
 
 
 def _collator(template: Any, model: Any, model_args: Any, tokenizer_module: dict) -> Any:

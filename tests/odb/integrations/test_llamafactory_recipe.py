@@ -53,6 +53,10 @@ def test_an_explicit_ignore_data_skip_is_kept_for_odbtrainer_to_judge() -> None:
         ("per_device_train_batch_size", 1),
         ("do_eval", True),
         ("do_predict", True),
+        ("use_hyper_parallel", True),
+        ("use_swanlab", True),
+        ("enable_torch_profiler", True),
+        ("profile_modules", "model.layers"),
     ],
 )
 def test_settings_that_cannot_hold_with_odb_are_refused_by_name(key: str, value: object) -> None:
