@@ -44,6 +44,11 @@ __all__ = ["ODB_KEY", "check_recipe", "run_sft", "sft_trainer"]
 
 # The recipe's section holding the ODBLoader options.
 ODB_KEY = "odb"
+# ODBLoader options the launcher takes from LLaMA-Factory -> from where.
+_FROM_LLAMAFACTORY = {
+    "grad_accum_steps": "the recipe's gradient_accumulation_steps (set that instead)",
+    "ignore_index": "LLaMA-Factory's IGNORE_INDEX, its label padding",
+}
 # Recipe keys that cannot hold together with ODB batches: value that is refused -> reason.
 _REFUSED: dict[str, tuple[Any, str]] = {
     "packing": (True, "LLaMA-Factory's packing concatenates samples; ODB forms the batches"),
@@ -74,8 +79,9 @@ def check_recipe(recipe: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
     Raises:
         ValueError: Not an SFT training recipe, no ``odb:`` mapping with a
-            ``token_budget``, ``grad_accum_steps`` in ``odb:``, a batch size, or a
-            setting of ``_REFUSED`` (named, with the reason and what to change).
+            ``token_budget``, ``grad_accum_steps`` or ``ignore_index`` in ``odb:``, a
+            batch size, or a setting of ``_REFUSED`` (named, with the reason and what to
+            change).
 
     Example:
         >>> args, options = check_recipe({"stage": "sft", "do_train": True,
@@ -95,11 +101,9 @@ def check_recipe(recipe: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, A
             f"the recipe needs an '{ODB_KEY}:' section with the ODBLoader options, at least "
             f"token_budget (got {options!r}), e.g. {ODB_KEY}: {{token_budget: 4096}}"
         )
-    if "grad_accum_steps" in options:
-        raise ValueError(
-            f"{ODB_KEY}.grad_accum_steps: the loader takes LLaMA-Factory's "
-            "gradient_accumulation_steps; set that instead"
-        )
+    for key, source in _FROM_LLAMAFACTORY.items():
+        if key in options:
+            raise ValueError(f"{ODB_KEY}.{key}: the loader takes {source}; remove it")
     if "per_device_train_batch_size" in args:
         raise ValueError(
             f"per_device_train_batch_size={args['per_device_train_batch_size']}: ODB's "

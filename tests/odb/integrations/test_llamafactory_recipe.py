@@ -78,6 +78,7 @@ def test_the_same_settings_switched_off_pass(key: str, value: object) -> None:
         ({k: v for k, v in RECIPE.items() if k != "odb"}, "odb:"),
         ({**RECIPE, "odb": {"num_workers": 1}}, "token_budget"),
         ({**RECIPE, "odb": {"token_budget": 512, "grad_accum_steps": 2}}, "gradient_accum"),
+        ({**RECIPE, "odb": {"token_budget": 512, "ignore_index": -1}}, "IGNORE_INDEX"),
     ],
 )
 def test_a_recipe_that_is_not_odb_sft_is_refused(recipe: dict, match: str) -> None:
