@@ -5,6 +5,8 @@
 #   make test-quick  the inner loop: tests that start no rank processes and are not slow
 # and the paper-path rehearsal (root: it starts a local two-node Slurm cluster):
 #   make rehearse    snakemake --profile slurm on the paper grid's settings, to the report
+# and LLaMA-Factory's SFT stage with ODB batches, in its own venv (older pins):
+#   make check-llamafactory   W=2 on CPU, every sample trained exactly once
 # Set-up reinstalls only when pyproject.toml or the pins are newer than the install stamp.
 
 VENV   := .venv
@@ -17,7 +19,7 @@ TORCH  := $(shell grep -E '^torch==' $(PINS))
 # experiments, eval, paper, bench) run from the repository root and are not installed.
 ROOT_PTH := odb-artifact-root.pth
 
-.PHONY: test test-quick reproduce rehearse setup
+.PHONY: test test-quick reproduce rehearse setup check-llamafactory
 
 setup: $(STAMP)
 
@@ -67,3 +69,28 @@ reproduce: $(STAMP)
 rehearse: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m experiments.rehearsal.run
 	@echo "Rehearsal done: results/rehearsal/results/paper/REPORT.md, summary in results/rehearsal/summary.json"
+
+# LLaMA-Factory pins transformers, datasets, peft and accelerate below the artifact's, so
+# it gets its own venv. Torch first (the same CPU pin), then the full freeze of that venv
+# with --no-deps: llamafactory also declares its web UI and multimodal stack (gradio,
+# torchvision, av, ...), which text SFT does not import and which would pull another
+# torch. torchaudio 2.11.1's native extension is built for torch 2.11 and cannot load, so
+# it is removed (the package imports as pure Python; requirements/llamafactory.txt says
+# why). odb editable, without dependencies. docs/integrations.md, "LLaMA-Factory".
+LF_VENV  := .venv-llamafactory
+LF_PY    := $(LF_VENV)/bin/python
+LF_PINS  := requirements/llamafactory.txt
+LF_STAMP := $(LF_VENV)/.installed
+
+$(LF_PY):
+	python3 -m venv $(LF_VENV)
+
+$(LF_STAMP): pyproject.toml $(LF_PINS) | $(LF_PY)
+	$(LF_PY) -m pip install '$(TORCH)'
+	$(LF_PY) -m pip install --no-deps -r $(LF_PINS)
+	$(LF_PY) -c 'import pathlib, sysconfig; [p.unlink() for p in pathlib.Path(sysconfig.get_paths()["purelib"], "torchaudio", "lib").glob("*.so")]'
+	$(LF_PY) -m pip install --no-deps -e .
+	touch $(LF_STAMP)
+
+check-llamafactory: $(LF_STAMP)
+	$(LF_PY) examples/llamafactory/check.py
