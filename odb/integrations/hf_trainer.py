@@ -206,15 +206,16 @@ class ODBTrainerMixin:
 
         With ``average_tokens_across_devices`` and a loss that takes
         ``num_items_in_batch``, the Trainer assumes the count it gathered over all ranks
-        and multiplies by the process count to undo DDP's mean; ODB's normaliser already
-        is the global count over W, so this factor is cancelled in ``num_items_in_batch``
-        (``n_gpu > 1`` is refused, so the count is ``accelerator.num_processes``).
+        and multiplies by the process count over the tensor-parallel size to undo DDP's
+        mean; ODB's normaliser already is the global count over W, so this factor is
+        cancelled in ``num_items_in_batch`` (``n_gpu > 1``, where it would be ``n_gpu``, is
+        refused).
         """
         args = self.args
         if args.average_tokens_across_devices and (
             self.model_accepts_loss_kwargs or self.compute_loss_func
         ):
-            return self.accelerator.num_processes
+            return self.accelerator.num_processes // self.get_tp_size()
         return 1
 
     # ------------------------------------------------------------------ step total
