@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 HEAVY = [
-    "transformers", "accelerate", "deepspeed", "datasets", "peft", "trl", "lm_eval", "snakemake"
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "datasets",
+    "peft",
+    "trl",
+    "lm_eval",
+    "snakemake",
 ]
 
 

@@ -91,6 +91,7 @@ class ODBTrainerMixin:
         epochs = None if self.args.max_steps > 0 else int(self.args.num_train_epochs)
         self._epochs = _LoaderEpochs(train_loader, epochs, _world_size())
         self.add_callback(_LoaderCallback(self))
+
     def _check_settings(self) -> None:
         args, loader = self.args, self.train_loader
         accum = loader.config.grad_accum_steps
@@ -267,7 +268,6 @@ class ODBTrainerMixin:
             self.train_loader.load_state_dict(load_loader_pieces(resume_from_checkpoint))
             self._epochs.restart()
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
-
 
 
 class ODBTrainer(ODBTrainerMixin, Trainer):
