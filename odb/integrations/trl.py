@@ -2,19 +2,22 @@
 
 TRL's ``SFTTrainer`` prepares the dataset (tokenises it if needed, builds ``labels``
 from its completion or assistant masks, truncates to ``max_length``) and owns the
-collator and the loss (``chunked_nll`` by default, which honours ``num_items_in_batch``)
-and its metrics. :class:`ODBSFTTrainer` keeps all of that and changes only where the
-training batches come from: after TRL's preparation it builds an ODB loader over the
-prepared dataset, with TRL's own collator as the loader's ``collate_fn``, and trains
-through :class:`~odb.integrations.hf_trainer.ODBTrainerMixin`, the code ``ODBTrainer``
-runs: token-budgeted batches of whole samples, the window's exact normaliser as the
-only loss normalisation over ranks and accumulation steps, IDLE steps as zero-weight
-steps, the progress-driven schedule and step total, per-rank loader state in every
-checkpoint for an exactly-once resume.
+collator, the loss (its fused LM head's token log-probabilities, summed and divided by
+``num_items_in_batch``, then multiplied by the process count under
+``average_tokens_across_devices`` as ``Trainer.compute_loss`` does) and its metrics.
+:class:`ODBSFTTrainer` keeps all of that and changes only where the training batches
+come from: after TRL's preparation it builds an ODB loader over the prepared dataset,
+with TRL's own collator as the loader's ``collate_fn``, and trains through
+:class:`~odb.integrations.hf_trainer.ODBTrainerMixin`, the code ``ODBTrainer`` runs:
+token-budgeted batches of whole samples, the window's exact normaliser as the only loss
+normalisation over ranks and accumulation steps, IDLE steps as zero-weight steps, the
+progress-driven schedule and step total, per-rank loader state in every checkpoint for
+an exactly-once resume.
 
-Checked against trl 1.16 (``SFTTrainer.__init__`` / ``_prepare_dataset`` /
-``compute_loss``) and transformers 5.24. Importing this module imports ``trl``;
-``import odb`` and ``import odb.integrations`` do not.
+Checked against trl 1.16.0 (``SFTTrainer.__init__`` / ``_prepare_dataset`` /
+``compute_loss``) and transformers 5.24: TRL's ``compute_loss`` applies the same
+process-count factor the mixin cancels in ``num_items_in_batch``. Importing this module
+imports ``trl``; ``import odb`` and ``import odb.integrations`` do not.
 """
 
 from __future__ import annotations
