@@ -1,4 +1,4 @@
-"""The tiny model and data every example trains: CPU-sized, built in place, no download.
+"""The tiny model, data and tokenizer of the examples: CPU-sized, built in place, no download.
 
 A 2-layer Qwen3 causal LM from a config (random weights, seeded) and random token
 sequences of 16-200 tokens whose first quarter is prompt (labels -100), so batches
@@ -42,4 +42,17 @@ def tiny_model() -> torch.nn.Module:
             head_dim=16,
             pad_token_id=0,
         )
+    )
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny model's 256 ids: pad 0, eos 1 (no download)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1} | {f"t{i}": i for i in range(2, 256)}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+        pad_token="<pad>",
+        eos_token="<eos>",
     )

@@ -6,7 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-HEAVY = ["transformers", "accelerate", "deepspeed", "datasets", "peft", "lm_eval", "snakemake"]
+HEAVY = [
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "datasets",
+    "peft",
+    "trl",
+    "lm_eval",
+    "snakemake",
+]
 
 
 def test_import_odb_pulls_in_no_framework():

@@ -5,6 +5,9 @@ when its adapter module is:
 
 - :mod:`odb.integrations.hf_trainer`: :class:`~odb.integrations.hf_trainer.ODBTrainer`, a
   ``transformers.Trainer`` fed by an ODB loader (DDP or DeepSpeed through the Trainer).
+- :mod:`odb.integrations.trl`: :class:`~odb.integrations.trl.ODBSFTTrainer`, TRL's
+  ``SFTTrainer`` fed by an ODB loader over the dataset TRL prepared (the same code as
+  ``ODBTrainer``, :class:`~odb.integrations.hf_trainer.ODBTrainerMixin`).
 - :mod:`odb.integrations.accelerate`: ``prepare`` that leaves ODB loaders untouched, and
   ``windows`` for an Accelerate loop.
 - :mod:`odb.integrations.deepspeed`: ``windows`` for a DeepSpeed engine loop.

@@ -1,20 +1,25 @@
 """``ODBTrainer``: a ``transformers.Trainer`` fed by an ODB loader, with the exact loss.
 
-What it changes in the Trainer, and why (checked against transformers 5.24,
-``Trainer._inner_training_loop`` / ``training_step`` / ``compute_loss``):
+The behaviour lives in :class:`ODBTrainerMixin`, which any ``Trainer`` subclass can take
+(``ODBTrainer(ODBTrainerMixin, Trainer)``; TRL's ``SFTTrainer`` in
+:mod:`odb.integrations.trl`). What it changes in the Trainer, and why (checked against
+transformers 5.24, ``Trainer._inner_training_loop`` / ``training_step`` /
+``compute_loss``):
 
 - **Batches**: ``get_train_dataloader`` returns the loader's epochs as they are (no
   sampler, no re-batching, no Accelerate sharding). ``get_batch_samples`` takes one
   accumulation window and pops each batch's step info before ``model(**batch)``.
-- **Loss**: every micro-step passes ``info.loss_normalizer`` (the window's global loss
-  tokens / W) as ``num_items_in_batch``, so the model returns ``sum(token losses) /
-  loss_normalizer`` and DDP's or DeepSpeed's average over W ranks gives the gradient of
-  the global per-token mean of the window. The Trainer's own count is not used, so
-  ``average_tokens_across_devices`` changes nothing: its ``* world_size`` in
-  ``compute_loss`` (which would normalise twice, as the normaliser already holds the
-  ``/ W``) is skipped, and ``loss_is_scaled_for_ga = True`` stops the division by the
-  accumulation steps. Under DeepSpeed the Trainer already calls backward with
-  ``scale_wrt_gas=False``.
+- **Loss**: every micro-step's loss is ``sum(token losses) / info.loss_normalizer`` (the
+  window's global loss tokens / W), so DDP's or DeepSpeed's average over W ranks gives
+  the gradient of the global per-token mean of the window. The Trainer's own token
+  count is not used. Its ``compute_loss`` multiplies the loss by the process count
+  ``k`` when ``average_tokens_across_devices`` is on (to undo its own per-rank mean), so
+  the window's ``num_items_in_batch`` is ``loss_normalizer * k``: the model returns
+  ``sum / (loss_normalizer * k)`` and the Trainer's ``* k`` leaves exactly
+  ``sum / loss_normalizer`` (``k = 1`` when the setting is off). The Trainer's
+  ``compute_loss`` (and a subclass's, e.g. TRL's metrics) thus runs unchanged.
+  ``loss_is_scaled_for_ga = True`` stops the division by the accumulation steps. Under
+  DeepSpeed the Trainer already calls backward with ``scale_wrt_gas=False``.
 - **IDLE steps** are ordinary micro-steps (all labels masked: loss 0 with a graph), so
   every rank's backward fires the same collectives. The Trainer closes a window only
   after ``gradient_accumulation_steps`` micro-steps, so the epoch's last, shorter window
@@ -26,6 +31,11 @@ What it changes in the Trainer, and why (checked against transformers 5.24,
   ``(epochs done + loader.progress()) / num_train_epochs`` through any LambdaLR-based
   ``lr_scheduler_type`` (:class:`~odb.integrations.schedule.ProgressLR`), ending exactly
   at the last epoch's end.
+- **Step total** (``state.max_steps``, the progress bar's total): after every step, the
+  steps done plus the loader's estimate of the rest (``loader.estimate_steps()`` and
+  ``loader.progress()``), kept above the steps done so that the Trainer's
+  ``global_step >= max_steps`` stop never fires early; when the last epoch's data ends
+  it becomes the steps done, so the bar ends at 100%.
 - **Checkpoints**: each rank writes its loader piece to
   ``checkpoint-N/odb_loader/rank{r}.pt`` when the Trainer saves; ``train(resume_from_
   checkpoint=...)`` loads every piece (at any world size) so the run continues exactly
@@ -43,14 +53,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import Trainer, TrainerCallback
+from transformers import ProgressCallback, Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from odb.collate import TensorParts
 from odb.core.step_info import StepInfo, pop_step_info
 from odb.integrations.schedule import ProgressLR
 
-__all__ = ["LOADER_STATE_DIR", "ODBTrainer", "load_loader_pieces"]
+__all__ = ["LOADER_STATE_DIR", "ODBTrainer", "ODBTrainerMixin", "load_loader_pieces"]
 
 # Loader pieces live in checkpoint-N/<LOADER_STATE_DIR>/rank{r}.pt.
 LOADER_STATE_DIR = "odb_loader"
@@ -59,47 +69,24 @@ LOADER_STATE_DIR = "odb_loader"
 _TICKS = 1_000_000
 
 
-class ODBTrainer(Trainer):
-    """A ``transformers.Trainer`` that trains from an ODB loader with the exact loss.
+class ODBTrainerMixin:
+    """ODB's training data, exact loss, schedule and resume for a ``transformers.Trainer``.
 
-    Args:
-        *args: ``Trainer`` arguments (``model``, ``args``, ...), without ``train_dataset``.
-        train_loader: The ODB loader (built after ``TrainingArguments``, which starts the
-            process group under ``torchrun``), with ``grad_accum_steps`` equal to
-            ``args.gradient_accumulation_steps``.
-        **kwargs: Other ``Trainer`` keyword arguments (``data_collator`` applies to
-            evaluation only: the loader collates training batches).
+    Put it first among the bases (``class MyTrainer(ODBTrainerMixin, Trainer)``) and call
+    :meth:`_attach_loader` at the end of ``__init__``, once the Trainer is built. Only
+    training changes: evaluation and prediction are the Trainer's own.
 
     Attributes:
+        train_loader: The ODB loader training reads.
         window_infos: The step info of the window being trained (for callbacks).
-
-    Raises:
-        ValueError: A setting the exact loss or the loader cannot honour (named, with
-            what to change): a different ``gradient_accumulation_steps``,
-            ``ignore_data_skip=False``, DataParallel (``n_gpu > 1``), label smoothing,
-            a model without ``num_items_in_batch`` and no ``compute_loss_func``, and
-            without ``max_steps``: a fractional ``num_train_epochs``, ``warmup_steps`` >= 1
-            or ``logging/save/eval_steps`` < 1 (counts of a step total nobody knows), a
-            stream (its progress is unknown).
-
-    Example:
-        >>> args = TrainingArguments("out", gradient_accumulation_steps=2,   # doctest: +SKIP
-        ...                          ignore_data_skip=True, num_train_epochs=2)
-        >>> loader = odb.ODBLoader(dataset, token_budget=4096, grad_accum_steps=2)
-        >>> ODBTrainer(model=model, args=args, train_loader=loader).train()
     """
 
     loss_is_scaled_for_ga = True  # sum(token losses) / normalizer already covers the window
 
-    def __init__(self, *args: Any, train_loader: Any, **kwargs: Any) -> None:
-        if "train_dataset" in kwargs or len(args) > 3:
-            raise ValueError(
-                "ODBTrainer reads training data through train_loader; do not pass train_dataset"
-            )
-        super().__init__(*args, train_dataset=train_loader.dataset, **kwargs)
+    def _attach_loader(self, train_loader: Any) -> None:
+        """Train from ``train_loader``; raises ValueError on a setting it cannot honour."""
         self.train_loader = train_loader
         self.window_infos: list[StepInfo] = []
-        self._exact_step = False
         self._check_settings()
         epochs = None if self.args.max_steps > 0 else int(self.args.num_train_epochs)
         self._epochs = _LoaderEpochs(train_loader, epochs, _world_size())
@@ -116,7 +103,7 @@ class ODBTrainer(Trainer):
             )
         if not args.ignore_data_skip:
             raise ValueError(
-                "ODBTrainer needs TrainingArguments(ignore_data_skip=True): on resume the ODB "
+                f"{type(self).__name__} needs ignore_data_skip=True: on resume the ODB "
                 "loader continues from its own saved state, exactly once; the Trainer's batch "
                 "skipping would re-read the data through a plain DataLoader"
             )
@@ -140,8 +127,8 @@ class ODBTrainer(Trainer):
             return
         if args.num_train_epochs != int(args.num_train_epochs) or args.num_train_epochs < 1:
             raise ValueError(
-                f"num_train_epochs={args.num_train_epochs}: without max_steps ODBTrainer runs "
-                "whole epochs; give an integer >= 1, or set max_steps"
+                f"num_train_epochs={args.num_train_epochs}: without max_steps "
+                f"{type(self).__name__} runs whole epochs; give an integer >= 1, or set max_steps"
             )
         if args.warmup_steps >= 1:
             raise ValueError(
@@ -173,11 +160,14 @@ class ODBTrainer(Trainer):
     def get_batch_samples(
         self, epoch_iterator: Iterator[dict[str, Any]], num_batches: int, device: torch.device
     ) -> tuple[list[dict[str, Any]], float | None]:
-        """One accumulation window, step info popped; ``num_items_in_batch`` = its normaliser.
+        """One accumulation window, step info popped, and its ``num_items_in_batch``.
 
-        The epoch's last, shorter window is completed to ``num_batches`` micro-steps with
-        zero-weight copies of its last batch, because the Trainer steps the optimizer
-        only after ``gradient_accumulation_steps`` micro-steps.
+        ``num_items_in_batch`` is the window's ``loss_normalizer`` times the factor the
+        Trainer's ``compute_loss`` multiplies the loss by (:meth:`_loss_factor`), so the
+        loss it returns is ``sum(token losses) / loss_normalizer``. The epoch's last,
+        shorter window is completed to ``num_batches`` micro-steps with zero-weight
+        copies of its last batch, because the Trainer steps the optimizer only after
+        ``gradient_accumulation_steps`` micro-steps.
         """
         batches: list[dict[str, Any]] = []
         infos: list[StepInfo] = []
@@ -190,6 +180,7 @@ class ODBTrainer(Trainer):
         self.window_infos = infos
         if not batches:
             self.control.should_epoch_stop = True  # the loader's epoch is over
+            self._update_max_steps()  # exact once the last epoch is over
             return [], None
         if len({info.loss_normalizer for info in infos}) > 1:
             raise RuntimeError(
@@ -199,7 +190,7 @@ class ODBTrainer(Trainer):
         cfg = self.train_loader.config
         while len(batches) < num_batches:
             batches.append(_zero_weight(batches[-1], cfg.label_key, cfg.ignore_index))
-        return batches, infos[0].loss_normalizer
+        return batches, infos[0].loss_normalizer * self._loss_factor()
 
     def _prepare_input(self, data: Any) -> Any:
         """The Trainer's, plus :class:`odb.TensorParts`: each part moved as the Trainer
@@ -211,39 +202,36 @@ class ODBTrainer(Trainer):
 
     # ------------------------------------------------------------------ loss
 
-    def training_step(
-        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
-    ) -> torch.Tensor:
-        """The Trainer's step, with :meth:`compute_loss` on ODB's exact normaliser."""
-        self._exact_step = True
-        try:
-            return super().training_step(model, inputs, num_items_in_batch)
-        finally:
-            self._exact_step = False
+    def _loss_factor(self) -> int:
+        """What ``Trainer.compute_loss`` multiplies a training loss by (transformers 5.24).
 
-    def compute_loss(
-        self,
-        model: torch.nn.Module,
-        inputs: dict[str, Any],
-        return_outputs: bool = False,
-        num_items_in_batch: Any = None,
-    ) -> Any:
-        """``sum(token losses) / loss_normalizer`` in training; the Trainer's own otherwise.
-
-        No ``* world_size`` (``average_tokens_across_devices``) and no label smoother:
-        the normaliser already is the global window's tokens over the world size.
+        With ``average_tokens_across_devices`` and a loss that takes
+        ``num_items_in_batch``, the Trainer assumes the count it gathered over all ranks
+        and multiplies by the process count over the tensor-parallel size to undo DDP's
+        mean; ODB's normaliser already is the global count over W, so this factor is
+        cancelled in ``num_items_in_batch`` (``n_gpu > 1``, where it would be ``n_gpu``, is
+        refused).
         """
-        if not self._exact_step:  # evaluation and prediction: ordinary batches
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if self.compute_loss_func is not None:
-            inputs = dict(inputs)
-            labels = inputs.pop("labels", None)
-            outputs = model(**inputs)
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        else:
-            outputs = model(**inputs, num_items_in_batch=num_items_in_batch)
-            loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
-        return (loss, outputs) if return_outputs else loss
+        args = self.args
+        if args.average_tokens_across_devices and (
+            self.model_accepts_loss_kwargs or self.compute_loss_func
+        ):
+            return self.accelerator.num_processes // self.get_tp_size()
+        return 1
+
+    # ------------------------------------------------------------------ step total
+
+    def _update_max_steps(self) -> None:
+        """``state.max_steps`` and the progress bar's total from the loader's estimate."""
+        total = self._epochs.total_steps(self.state.global_step)
+        if total is None:
+            return
+        self.state.max_steps = total
+        for callback in self.callback_handler.callbacks:
+            bar = getattr(callback, "training_bar", None)
+            if isinstance(callback, ProgressCallback) and bar is not None:
+                bar.total = total
+                bar.refresh()
 
     # ------------------------------------------------------------------ schedule
 
@@ -271,7 +259,7 @@ class ODBTrainer(Trainer):
     ) -> Any:
         """``Trainer.train``; a resume also restores the loader from the checkpoint's pieces."""
         if trial is not None:
-            raise ValueError("ODBTrainer does not support hyperparameter search trials")
+            raise ValueError(f"{type(self).__name__} does not support hyperparameter search trials")
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
@@ -280,6 +268,45 @@ class ODBTrainer(Trainer):
             self.train_loader.load_state_dict(load_loader_pieces(resume_from_checkpoint))
             self._epochs.restart()
         return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+
+
+class ODBTrainer(ODBTrainerMixin, Trainer):
+    """A ``transformers.Trainer`` that trains from an ODB loader with the exact loss.
+
+    Args:
+        *args: ``Trainer`` arguments (``model``, ``args``, ...), without ``train_dataset``.
+        train_loader: The ODB loader (built after ``TrainingArguments``, which starts the
+            process group under ``torchrun``), with ``grad_accum_steps`` equal to
+            ``args.gradient_accumulation_steps``.
+        **kwargs: Other ``Trainer`` keyword arguments (``data_collator`` applies to
+            evaluation only: the loader collates training batches).
+
+    Attributes:
+        window_infos: The step info of the window being trained (for callbacks).
+
+    Raises:
+        ValueError: A setting the exact loss or the loader cannot honour (named, with
+            what to change): a different ``gradient_accumulation_steps``,
+            ``ignore_data_skip=False``, DataParallel (``n_gpu > 1``), label smoothing,
+            a model without ``num_items_in_batch`` and no ``compute_loss_func``, and
+            without ``max_steps``: a fractional ``num_train_epochs``, ``warmup_steps`` >= 1
+            or ``logging/save/eval_steps`` < 1 (counts of a step total nobody knows), a
+            stream (its progress is unknown).
+
+    Example:
+        >>> args = TrainingArguments("out", gradient_accumulation_steps=2,   # doctest: +SKIP
+        ...                          ignore_data_skip=True, num_train_epochs=2)
+        >>> loader = odb.ODBLoader(dataset, token_budget=4096, grad_accum_steps=2)
+        >>> ODBTrainer(model=model, args=args, train_loader=loader).train()
+    """
+
+    def __init__(self, *args: Any, train_loader: Any, **kwargs: Any) -> None:
+        if "train_dataset" in kwargs or len(args) > 3:
+            raise ValueError(
+                "ODBTrainer reads training data through train_loader; do not pass train_dataset"
+            )
+        super().__init__(*args, train_dataset=train_loader.dataset, **kwargs)
+        self._attach_loader(train_loader)
 
 
 def load_loader_pieces(checkpoint: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -337,6 +364,31 @@ class _LoaderEpochs:
         current = self.loader.progress() if self._running else 0.0
         return min((self.epoch + current) / self.epochs, 1.0)
 
+    def total_steps(self, done: int) -> int | None:
+        """The run's optimizer steps as known after ``done`` of them; None without epochs.
+
+        ``done`` once the last epoch's data has ended. Before that, ``done`` plus an
+        estimate of the rest: the loader's step estimate for an epoch
+        (``estimate_steps()``, in batches, over the accumulation steps), its unread
+        fraction for the running epoch and whole ones for the epochs to come; at least
+        ``done + 1``, so the Trainer's ``global_step >= max_steps`` stop cannot end an
+        epoch the loader has not finished. Before any estimate, None.
+        """
+        if self.epochs is None:
+            return None
+        if self.epoch >= self.epochs and not self._running:
+            return done
+        batches = self.loader.estimate_steps()
+        if batches is None:
+            return None
+        per_epoch = math.ceil(batches / self.loader.config.grad_accum_steps)
+        left = self.epochs - self.epoch
+        rest = 0
+        if self._running:
+            left -= 1
+            rest = math.ceil(per_epoch * (1.0 - self.loader.progress()))
+        return max(done + rest + left * per_epoch, done + 1)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while self.epochs is None or self.epoch < self.epochs:
             if hasattr(self.dataset, "set_epoch"):
@@ -354,15 +406,17 @@ class _LoaderEpochs:
 
 
 class _LoaderCallback(TrainerCallback):
-    """Saves this rank's loader piece with every checkpoint; keeps ``state.epoch`` true."""
+    """Saves this rank's loader piece with every checkpoint; keeps ``state.epoch`` and
+    ``state.max_steps`` (and the progress bar) true to the loader."""
 
-    def __init__(self, trainer: ODBTrainer) -> None:
+    def __init__(self, trainer: ODBTrainerMixin) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         epochs = self.trainer._epochs
         if epochs.epochs is not None:
             state.epoch = epochs.fraction() * epochs.epochs
+            self.trainer._update_max_steps()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = os.path.join(

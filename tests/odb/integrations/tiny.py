@@ -60,3 +60,30 @@ def reference_grads(model: torch.nn.Module, samples: list[dict]) -> dict[str, to
         batch = {k: v[None] for k, v in s.items()}
         model(**batch, num_items_in_batch=tokens).loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over the ``VOCAB`` ids, pad 0 and eos 1 (TRL needs one)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1} | {f"t{i}": i for i in range(2, VOCAB)}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+        pad_token="<pad>",
+        eos_token="<eos>",
+    )
+
+
+def completion_dataset(dataset: TokenDataset):
+    """``dataset`` as TRL's tokenised prompt-completion form: a ``datasets.Dataset`` of
+    ``input_ids`` and ``completion_mask`` (0 on the prompt quarter), no ``labels``."""
+    import datasets
+
+    rows = [dataset[i] for i in range(len(dataset))]
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [r["input_ids"].tolist() for r in rows],
+            "completion_mask": [(r["labels"] != -100).int().tolist() for r in rows],
+        }
+    )
