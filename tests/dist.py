@@ -228,6 +228,11 @@ class _Rank:
         out: list[Any] = [] if self._from_rank.closed else [self._from_rank]
         return out + ([self._launcher.sentinel] if self._launcher.exitcode is None else [])
 
+    def call(self, workdir: str, number: int) -> None:
+        """Hand the rank the call in ``workdir`` as rank ``number``."""
+        self.said, self.reasons = "", []  # what it says from now on is about this call
+        self.send(("call", workdir, number))
+
     def send(self, message: tuple[Any, ...]) -> None:
         with contextlib.suppress(OSError):  # the rank is gone: waiting for it says so
             self._to_rank.send(message)
@@ -458,7 +463,7 @@ def run_ranks(
 def _run(ranks: Sequence[_Rank], workdir: str, timeout: float, fresh: bool) -> list[Any]:
     """Hand the call to the ranks, start ``fn`` on all together, collect the results."""
     for number, rank in enumerate(ranks):
-        rank.send(("call", workdir, number))
+        rank.call(workdir, number)
     failed, hung = _wait(ranks, "ready", time.monotonic() + _START_LIMIT_S)
     when = f"while starting, at the {_START_LIMIT_S:.0f} s start-up limit"
     if not (failed or hung):
@@ -527,9 +532,10 @@ def run_torchrun(
 ) -> tuple[int, str, str]:
     """Run ``script_path`` under ``torchrun --standalone --nproc_per_node world_size``.
 
-    ``--standalone``: the launcher's rendezvous store binds a port the OS picks on
-    localhost and holds it, so no other process can take it between choosing and
-    binding (as a port found free and released could be). With ``module=True``,
+    ``--standalone``: the launcher's rendezvous store, which its workers join, binds a
+    port the OS picks on 127.0.0.1 (``--local-addr``: the host name may not resolve
+    to this machine) and holds it, so no other process can take it between choosing
+    and binding (as a port found free and released could be). With ``module=True``,
     ``script_path`` is a module name run as ``torchrun -m``.
 
     Returns:
@@ -547,6 +553,8 @@ def run_torchrun(
         "-m",
         "torch.distributed.run",
         "--standalone",
+        "--local-addr",
+        "127.0.0.1",
         "--nproc_per_node",
         str(world_size),
         *(["-m"] if module else []),

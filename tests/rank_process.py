@@ -104,9 +104,7 @@ def join_group(rank: int, world_size: int, port: int, backend: str, pg_timeout_s
     # ranks are done, so no other process can take the port before the ranks join.
     timeout = timedelta(seconds=pg_timeout_s)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timeout
-    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _fail(result_path: Path, conn_out: Connection | None = None) -> NoReturn:
