@@ -1,7 +1,10 @@
 """Suite-wide settings: no hub access, a fixed Hypothesis profile, the time guard
-(tests/time_limit.py), and `gpu` tests skipped without CUDA."""
+(tests/time_limit.py), `gpu` tests skipped without CUDA, and one pool of warm rank
+processes for `run_ranks` (`fresh_ranks`: none)."""
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 # Nothing on the CPU-scale path may fetch from a hub. Set at import, before any test
 # module (or a rank process it spawns, which inherits the environment) imports HF code.
@@ -11,6 +14,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
+
+from tests.dist import RankPool, use_pool  # noqa: E402
 
 # The time guard (a test over --max-test-seconds fails) and pytester for its own tests.
 pytest_plugins = ["pytester", "tests.time_limit"]
@@ -32,3 +37,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# One pool of warm rank processes for the session (tests/dist.py, docs/testing.md): every
+# run_ranks call of a test takes its ranks from it, unless the test is marked fresh_ranks.
+# Set per test for its whole run, so the module fixtures it sets up follow its marker.
+_RANK_POOL = RankPool()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    fresh = item.get_closest_marker("fresh_ranks") is not None
+    with use_pool(None if fresh else _RANK_POOL):
+        yield
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _RANK_POOL.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _RANK_POOL.counts:
+        terminalreporter.write_line(_RANK_POOL.summary())

@@ -1,8 +1,12 @@
-"""The distributed test helper reports results, rank errors and hangs, and leaves no process."""
+"""The distributed test helper: results, rank errors and hangs, no process left behind,
+and its pool of warm ranks: reused, nothing carried from one call to the next, and a rank
+whose call failed or that was left unclean never reused."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -11,28 +15,50 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist import run_ranks, run_torchrun
+from tests.dist import RankPool, run_ranks, run_torchrun, use_pool
 
 pytestmark = pytest.mark.dist
+FRESH = pytest.mark.parametrize("fresh", [False, True], ids=["pooled", "fresh"])
 
 
-def _rank_sum(rank: int, world_size: int, offset: int) -> tuple[int, int, int]:
-    t = torch.tensor([rank + offset])
+def _who(rank: int, world_size: int) -> tuple[int, int, int, int]:
+    """This rank's process, rank, world size and the sum of all ranks."""
+    t = torch.tensor([rank])
     dist.all_reduce(t)
-    return rank, world_size, int(t.item())
+    return os.getpid(), rank, world_size, int(t.item())
 
 
-def _raise_on_rank_1(rank: int, world_size: int) -> None:
+def _pids(results: list[tuple[int, ...]]) -> list[int]:
+    return [result[0] for result in results]
+
+
+def _write_pid(where: Path, rank: int) -> None:
+    Path(where, f"rank{rank}.pid").write_text(str(os.getpid()))
+
+
+def _read_pids(where: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(where.glob("rank*.pid"))]
+
+
+def _raise_on_rank_1(rank: int, world_size: int, where: str) -> None:
+    _write_pid(Path(where), rank)
     if rank == 1:
         raise ValueError("bad value on purpose")
     dist.barrier()
 
 
-def _hang_on_last_rank(rank: int, world_size: int, pid_file: str) -> None:
+def _exit_on_rank_1(rank: int, world_size: int) -> None:
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def _hang_on_last_rank(rank: int, world_size: int, where: str) -> None:
+    _write_pid(Path(where), rank)
     if rank == world_size - 1:
-        # A grandchild too, to prove the helper kills the whole tree.
+        # A child too, to prove the helper kills the whole tree.
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        Path(pid_file).write_text(str(child.pid))
+        Path(where, "child.pid").write_text(str(child.pid))
         time.sleep(600)
     dist.barrier()
 
@@ -61,35 +87,44 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_results_come_back_by_rank(world_size):
-    results = run_ranks(_rank_sum, world_size, 10, timeout=60)
-    total = sum(range(world_size)) + 10 * world_size
-    assert results == [(rank, world_size, total) for rank in range(world_size)]
+    results = run_ranks(_who, world_size, timeout=60)
+    total = sum(range(world_size))
+    assert [r[1:] for r in results] == [(rank, world_size, total) for rank in range(world_size)]
+    assert len(set(_pids(results))) == world_size  # one process per rank
     assert _live_descendants() == []
 
 
-def test_rank_error_names_rank_and_traceback():
-    with pytest.raises(AssertionError) as excinfo:
-        run_ranks(_raise_on_rank_1, 2, timeout=60)
+@FRESH
+def test_rank_error_names_rank_and_traceback(tmp_path, fresh):
+    with RankPool() as pool, use_pool(pool), pytest.raises(AssertionError) as excinfo:
+        run_ranks(_raise_on_rank_1, 2, str(tmp_path), timeout=60, fresh=fresh)
     message = str(excinfo.value)
     assert "rank 1 raised" in message
     assert "ValueError: bad value on purpose" in message
     assert "_raise_on_rank_1" in message  # the full traceback, not just the message
+    assert pool.pids() == [] and pool.counts["reused"] == 0
+    assert all(_gone(pid) for pid in _read_pids(tmp_path))  # neither rank reused
     assert _live_descendants() == []
 
 
-def test_hung_rank_is_reported_with_stack_and_killed(tmp_path):
-    pid_file = tmp_path / "grandchild.pid"
-    timeout = 8.0
-    start = time.monotonic()
-    with pytest.raises(AssertionError) as excinfo:
-        run_ranks(_hang_on_last_rank, 2, str(pid_file), timeout=timeout)
-    elapsed = time.monotonic() - start
+@FRESH
+def test_a_rank_that_dies_is_named(fresh):
+    with pytest.raises(AssertionError, match="rank 1 (exited with code 3|died)"):
+        run_ranks(_exit_on_rank_1, 2, timeout=60, fresh=fresh)
+    assert _live_descendants() == []
+
+
+@FRESH
+def test_hung_rank_is_reported_with_stack_and_killed(tmp_path, fresh):
+    with RankPool() as pool, use_pool(pool), pytest.raises(AssertionError) as excinfo:
+        run_ranks(_hang_on_last_rank, 2, str(tmp_path), timeout=5.0, fresh=fresh)
     message = str(excinfo.value)
     assert "ranks [0, 1] hung" in message
-    assert "timeout" in message
+    assert "at the 5.0 s timeout" in message  # counted from fn's start, not the spawn
     assert "_hang_on_last_rank" in message  # both ranks' stacks point into the test fn
-    assert elapsed < timeout + 10, f"took {elapsed:.1f} s for a {timeout} s timeout"
-    assert _gone(int(pid_file.read_text())), "the hung rank's child survived"
+    assert pool.pids() == []
+    assert all(_gone(pid) for pid in _read_pids(tmp_path)), "a hung rank survived"
+    assert _gone(int((tmp_path / "child.pid").read_text())), "the hung rank's child survived"
     assert _live_descendants() == []
 
 
@@ -100,6 +135,117 @@ def test_env_is_set_in_every_rank():
 
 def _read_env(rank: int, world_size: int) -> tuple[str | None, str | None]:
     return os.environ.get("ODB_TEST_MARKER"), os.environ.get("RANK")
+
+
+def test_pooled_ranks_are_reused_across_calls_and_world_sizes():
+    with RankPool() as pool, use_pool(pool):
+        [one] = run_ranks(_who, 1)
+        two = run_ranks(_who, 2)
+        again = run_ranks(_who, 2)
+        assert pool.pids() == _pids(two)
+    assert [r[1:] for r in two] == [r[1:] for r in again] == [(0, 2, 1), (1, 2, 1)]
+    assert _pids(two)[0] == one[0] and _pids(two)[1] != one[0]  # a warm rank and a new one
+    assert _pids(again) == _pids(two)
+    assert pool.counts == {"reused": 3, "started": 2}
+    assert all(_gone(pid) for pid in _pids(two)), "closing the pool leaves no rank"
+
+
+def _leave_traces(rank: int, world_size: int, where: str) -> tuple[int, float]:
+    first_draw = torch.rand(1).item()
+    torch.rand(100)
+    os.environ["ODB_SET_BY_FN"] = "y"
+    os.chdir(where)
+    sys.path.append(where)
+    torch.set_num_threads(1)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    return os.getpid(), first_draw
+
+
+def _traces(rank: int, world_size: int, where: str) -> tuple[int, float, tuple]:
+    seen = (
+        os.environ.get("ODB_TEST_MARKER"),
+        os.environ.get("ODB_SET_BY_FN"),
+        os.getcwd(),
+        where in sys.path,
+        torch.get_num_threads(),
+        torch.multiprocessing.get_sharing_strategy(),
+    )
+    return os.getpid(), torch.rand(1).item(), seen
+
+
+def test_a_pooled_call_leaves_nothing_to_the_next(tmp_path):
+    """Neither run_ranks' env nor what fn changed carries over; torch draws start afresh."""
+    with RankPool() as pool, use_pool(pool):
+        before = run_ranks(_traces, 2, str(tmp_path))
+        first = run_ranks(_leave_traces, 2, str(tmp_path), env={"ODB_TEST_MARKER": "x"})
+        after = run_ranks(_traces, 2, str(tmp_path))
+    assert _pids(after) == _pids(first) == _pids(before)  # the same processes each time
+    assert [r[2] for r in after] == [r[2] for r in before]
+    assert before[0][2][:4] == (None, None, os.getcwd(), False)
+    assert [r[1] for r in after] == [r[1] for r in first]  # the same first draw
+
+
+def _leave(rank: int, world_size: int, leftover: str, where: str) -> int:
+    if rank == 1:
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        if leftover == "child":
+            pid = subprocess.Popen(sleeper).pid
+        elif leftover == "orphan":  # its parent is gone: no one's child, in the rank's group
+            spawner = (
+                "import subprocess; "
+                f"print(subprocess.Popen({sleeper!r}, stdout=subprocess.DEVNULL).pid)"
+            )
+            pid = int(subprocess.check_output([sys.executable, "-c", spawner]))
+        elif leftover == "thread":
+            threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+            pid = None
+        else:
+            signal.signal(signal.SIGUSR2, lambda *_: None)
+            pid = None
+        Path(where, "leftover.pid").write_text(str(pid or ""))
+    return os.getpid()
+
+
+@pytest.mark.parametrize(
+    ("leftover", "reason"),
+    [
+        ("child", "processes left running"),
+        ("orphan", "processes left running"),
+        ("thread", "threads left running"),
+        ("signal handler", "changed handler of SIGUSR2"),
+    ],
+)
+def test_a_rank_left_unclean_is_killed_not_reused(tmp_path, leftover, reason):
+    with RankPool() as pool, use_pool(pool):
+        first = run_ranks(_leave, 2, leftover, str(tmp_path))
+        assert pool.pids() == first[:1]  # rank 0 came back clean, rank 1 did not
+        assert _gone(first[1])
+        second = run_ranks(_who, 2)
+    assert _pids(second)[0] == first[0] and first[1] not in _pids(second)
+    assert pool.counts[f"dropped: {reason}"] == 1
+    left = (tmp_path / "leftover.pid").read_text()
+    assert not left or _gone(int(left)), f"the {leftover} outlived its rank"
+
+
+def test_fresh_ranks_are_the_calls_own():
+    with RankPool() as pool, use_pool(pool):
+        pooled = _pids(run_ranks(_who, 2))
+        fresh = _pids(run_ranks(_who, 2, fresh=True))
+        assert pool.pids() == pooled  # neither taken nor added to
+    assert set(fresh).isdisjoint(pooled)
+    assert all(_gone(pid) for pid in fresh + pooled)
+    assert _live_descendants() == []
+
+
+def test_the_session_pool_serves_unmarked_tests():
+    assert _pids(run_ranks(_who, 1)) == _pids(run_ranks(_who, 1))
+
+
+@pytest.mark.fresh_ranks
+def test_the_fresh_ranks_marker_spawns_ranks_for_each_call():
+    first, second = _pids(run_ranks(_who, 1)), _pids(run_ranks(_who, 1))
+    assert first != second
+    assert _gone(first[0]) and _gone(second[0])
 
 
 _TORCHRUN_SCRIPT = """

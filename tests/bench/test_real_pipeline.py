@@ -31,6 +31,8 @@ SAMPLES = 12
 
 @pytest.mark.dist
 @pytest.mark.slow
+# The cell's USS and PSS sum this process's descendants, which pooled ranks are not.
+@pytest.mark.fresh_ranks
 def test_tiny_run_reports_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     proxies = tmp_path / "proxies"
     write_proxy(ProxyConfig("mmmix", num_samples=40, seed=0), proxies / "mmmix")

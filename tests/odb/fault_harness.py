@@ -35,7 +35,8 @@ from typing import Any
 
 import psutil
 
-from tests.dist import _rank_main, _read_stack, _wait_for_stacks, host_store, kill_tree
+from tests.dist import _read_stack, _wait_for_stacks, host_store, kill_tree
+from tests.rank_process import group_members, rank_main
 
 _GLOO_TIMEOUT_MARGIN_S = 60.0
 
@@ -77,19 +78,6 @@ class FaultRun:
         return "\n".join(parts)
 
 
-def _group_members(pgids: set[int]) -> list[psutil.Process]:
-    out = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if os.getpgid(proc.pid) in pgids:
-                out.append(proc)
-        except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
-            continue
-    return out
-
-
 def _describe(proc: psutil.Process) -> str:
     try:
         return f"pid {proc.pid} ({' '.join(proc.cmdline())[:120]})"
@@ -119,7 +107,7 @@ def run_fault_ranks(
     try:
         for rank in range(world_size):
             proc = ctx.Process(
-                target=_rank_main,
+                target=rank_main,
                 args=(
                     rank,
                     world_size,
@@ -154,10 +142,10 @@ def run_fault_ranks(
         if not hung:
             # Every rank has exited: what is left of their process groups must go by itself.
             settle = time.monotonic() + orphan_wait_s
-            left = _group_members(pgids)
+            left = group_members(pgids)
             while left and time.monotonic() < settle:
                 time.sleep(0.1)
-                left = _group_members(pgids)
+                left = group_members(pgids)
             orphans = [_describe(p) for p in left]
         wall_s = time.monotonic() - started
         outcomes = _outcomes(procs, hung, workdir)

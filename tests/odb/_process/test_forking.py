@@ -27,6 +27,10 @@ from odb.core.config import ODBConfig
 from tests.dist import run_ranks
 from tests.odb.scenarios import LengthDataset
 
+# At-fork hooks cannot be removed, and the ranks change module settings and loggers: each
+# run_ranks call here needs ranks of its own, never pooled ones.
+pytestmark = pytest.mark.fresh_ranks
+
 
 def _deadlock_first_child(flag: Path, always: bool = False) -> None:
     """Install the hook: the child that takes ``flag`` records its pid and sleeps forever."""
