@@ -10,8 +10,8 @@ of ``--samples`` records with its ``dataset_info.json`` in ``DIR/data``, and the
 runs this file with ``--rank``: LLaMA-Factory's data preparation and trainer through
 :mod:`odb.integrations.llamafactory`, each rank writing the dataset indices of every
 batch it trained to ``DIR/ids/rank{r}.json``. Exits non-zero unless the two ranks
-together trained each index of LLaMA-Factory's tokenised dataset exactly once and that
-dataset holds every record.
+together trained each index of LLaMA-Factory's tokenised dataset exactly once, that
+dataset holds every record, and LLaMA-Factory's ``trainer_log.jsonl`` ends at 100 %.
 """
 
 from __future__ import annotations
@@ -118,7 +118,17 @@ def check(out: Path, samples: int, timeout: float) -> list[str]:
         problems.append(f"samples never trained: {missing}; trained more than once: {repeated}")
     if not all(rank["ids"] for rank in ranks):
         problems.append(f"a rank trained nothing: {[len(rank['ids']) for rank in ranks]}")
-    return problems
+    return problems + _progress_problems(out / "train" / "trainer_log.jsonl")
+
+
+def _progress_problems(log: Path) -> list[str]:
+    """LLaMA-Factory's ``trainer_log.jsonl`` (logging_steps 1) ends at its step total."""
+    if not log.exists():
+        return [f"no {log}: LLaMA-Factory's log callback wrote nothing"]
+    last = json.loads(log.read_text().splitlines()[-1])
+    if last["current_steps"] != last["total_steps"]:
+        return [f"the log ends at step {last['current_steps']} of {last['total_steps']}"]
+    return []
 
 
 def main() -> None:

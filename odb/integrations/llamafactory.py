@@ -173,18 +173,32 @@ def _callbacks(
     model_args: Any, data_args: Any, finetuning_args: Any, generating_args: Any, extra: Sequence
 ) -> list[Any]:
     """The callbacks LLaMA-Factory's ``run_exp`` gives ``run_sft`` (its log file
-    ``trainer_log.jsonl``, PiSSA conversion, early stopping, the reporter last), plus
-    ``extra``."""
+    ``trainer_log.jsonl``, its total following the loader, PiSSA conversion, early
+    stopping, the reporter last), plus ``extra``."""
     from llamafactory.train.callbacks import LogCallback, PissaConvertCallback, ReporterCallback
     from transformers import EarlyStoppingCallback
 
-    callbacks = [LogCallback(), *extra]
+    callbacks = [_log_callback(LogCallback), *extra]
     if finetuning_args.pissa_convert:
         callbacks.append(PissaConvertCallback())
     if finetuning_args.early_stopping_steps is not None:
         patience = finetuning_args.early_stopping_steps
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=patience))
     return [*callbacks, ReporterCallback(model_args, data_args, finetuning_args, generating_args)]
+
+
+def _log_callback(log_callback: type) -> Any:
+    """LLaMA-Factory's ``LogCallback`` (``trainer_log.jsonl``, the web UI's progress) with
+    its step total read from ``state.max_steps`` at every log, not only at the start:
+    ``ODBTrainer`` keeps that at the loader's estimate, exact when the last epoch ends, so
+    the log's ``percentage`` ends at 100 (the start's total is an upper bound)."""
+
+    class EstimatedLogCallback(log_callback):
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.max_steps = state.max_steps
+            super().on_log(args, state, control, **kwargs)
+
+    return EstimatedLogCallback()
 
 
 def _collator(template: Any, model: Any, model_args: Any, tokenizer_module: dict) -> Any:
