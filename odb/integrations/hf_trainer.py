@@ -90,7 +90,11 @@ class ODBTrainerMixin:
         self._check_settings()
         epochs = None if self.args.max_steps > 0 else int(self.args.num_train_epochs)
         self._epochs = LoaderEpochs(train_loader, epochs, _world_size())
-        self.add_callback(_LoaderCallback(self))
+        # First of all callbacks: the Trainer's DefaultFlowCallback stops training at
+        # global_step >= state.max_steps, so the step total must be updated before it
+        # looks, or a low estimate (total = steps done + 1) would end training one step
+        # later with data left.
+        self.callback_handler.callbacks.insert(0, _LoaderCallback(self))
 
     def _check_settings(self) -> None:
         args, loader = self.args, self.train_loader

@@ -47,6 +47,42 @@ def test_one_epoch_progress_bar_ends_at_100_percent(tmp_path: Path) -> None:
     assert steps[-1]["epoch"] == pytest.approx(1.0)
 
 
+class _LowEstimateLoader(odb.ODBLoader):
+    """Says one batch is left in the epoch: the lowest estimate the step total can get."""
+
+    def estimate_steps(self) -> int | None:
+        return 1
+
+
+def test_a_low_step_estimate_never_stops_training_before_the_data_ends(tmp_path: Path) -> None:
+    """The step total is the steps done + 1 after every step here; the Trainer's own stop
+    (global_step >= max_steps) must not fire while the loader has windows left."""
+    from transformers import TrainerCallback, TrainingArguments
+
+    from odb.integrations.hf_trainer import ODBTrainer
+
+    class Ids(TrainerCallback):
+        def __init__(self) -> None:
+            self.ids: list[int] = []
+
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+            self.ids += [i for info in trainer.window_infos for i in info.sample_ids]
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, ignore_data_skip=True, report_to=[],
+        disable_tqdm=True, num_train_epochs=1, gradient_accumulation_steps=2,
+        save_strategy="no", optim="sgd", learning_rate=0.01,
+    )  # fmt: skip
+    dataset = TokenDataset(24, 8, 48, seed=1)
+    loader = _LowEstimateLoader(dataset, token_budget=96, grad_accum_steps=2, collate_mode="thread")
+    recorder = Ids()
+    trainer = ODBTrainer(model=tiny_model(), args=args, train_loader=loader, callbacks=[recorder])
+    trainer.train()
+    assert sorted(recorder.ids) == list(range(len(dataset)))
+    assert trainer.state.global_step >= 3  # more windows than the estimate's one left
+    assert trainer.state.max_steps == trainer.state.global_step  # exact at the end
+
+
 def test_prepare_inputs_turns_tensor_parts_into_one_tensor(tmp_path: Path) -> None:
     from transformers import TrainingArguments
 
