@@ -198,13 +198,21 @@ def test_dataloader_worker_killed(mode: str, tmp_path: Path) -> None:
 def test_collate_process_killed(start_method: str, tmp_path: Path) -> None:
     plan = FaultPlan("kill_collate", at_step=3, start_method=start_method)
     run, plan = _run(plan, 2, tmp_path)
-    _check(
+    reports = _check(
         run,
         plan,
         ("RuntimeError",),
         ("collate process of rank 1 exited unexpectedly", "SIGKILL"),
-        peer_fragments=("align_timeout_s", "collate side is gone"),
+        peer_fragments=("align_timeout_s",),
     )
+    # The killed collate process leaves no note, and Gloo tells the peer one of two
+    # things, both in time (checked above): the connection closed ("collate side is
+    # gone"), or, when the peer's send was already waiting and the close does not reach
+    # it (seen once in 7 runs of the fork case), its own timeout ("no answer").
+    for report in reports:
+        if report["rank"] != plan.victim:
+            error = report["error"]
+            assert "collate side is gone" in error or "no answer from a peer rank" in error, error
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
