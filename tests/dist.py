@@ -522,6 +522,24 @@ def _collect(ranks: Sequence[_Rank], hung: list[int], workdir: str, when: str) -
     return results
 
 
+def torchrun_command(
+    target: str | os.PathLike[str], world_size: int, args: Sequence[str] = (), module: bool = False
+) -> list[str]:
+    """``torchrun --standalone --local-addr 127.0.0.1 --nproc_per_node world_size target``.
+
+    ``--standalone``: the launcher's rendezvous store, which its workers join, binds a
+    port the OS picks on 127.0.0.1 (``--local-addr``: the host name may not resolve
+    to this machine) and holds it, so no other process can take it between choosing
+    and binding (as a port found free and released could be). With ``module=True``,
+    ``target`` is a module name run as ``torchrun -m``.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr",
+        "127.0.0.1", "--nproc_per_node", str(world_size), *(["-m"] if module else []),
+        str(target), *args,
+    ]  # fmt: skip
+
+
 def run_torchrun(
     script_path: str | os.PathLike[str],
     world_size: int,
@@ -530,13 +548,7 @@ def run_torchrun(
     env: Mapping[str, str] | None = None,
     module: bool = False,
 ) -> tuple[int, str, str]:
-    """Run ``script_path`` under ``torchrun --standalone --nproc_per_node world_size``.
-
-    ``--standalone``: the launcher's rendezvous store, which its workers join, binds a
-    port the OS picks on 127.0.0.1 (``--local-addr``: the host name may not resolve
-    to this machine) and holds it, so no other process can take it between choosing
-    and binding (as a port found free and released could be). With ``module=True``,
-    ``script_path`` is a module name run as ``torchrun -m``.
+    """Run ``script_path`` under :func:`torchrun_command` (``module=True``: a module name).
 
     Returns:
         ``(returncode, stdout, stderr)`` of the launcher.
@@ -548,19 +560,7 @@ def run_torchrun(
     Example:
         >>> code, out, err = run_torchrun("train_tiny.py", 2, ["--steps", "3"], timeout=60)
     """
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--local-addr",
-        "127.0.0.1",
-        "--nproc_per_node",
-        str(world_size),
-        *(["-m"] if module else []),
-        str(script_path),
-        *args,
-    ]
+    cmd = torchrun_command(script_path, world_size, args, module)
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

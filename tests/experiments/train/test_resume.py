@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch.distributed as dist
 
 from experiments.train.config import ConfigError, load_config
 from experiments.train.run import main, resolve_resume
-from tests.dist import free_port, kill_tree
+from tests.dist import kill_tree, torchrun_command
 from tests.experiments.train.conftest import CONFIGS, ENV, WHOLE, WHOLE_TRAIN_SAMPLES, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -30,10 +29,9 @@ KILL_AFTER = 4
 
 
 def _start(base: Path, out: Path, method: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
-           str(free_port()), "-m", "experiments.train", "--config", str(base), "--config",
-           str(CONFIGS / "method" / f"{method}.yaml"), f"run.out_dir={out}", *RESUMABLE]
+    cmd = torchrun_command("experiments.train", 2, [
+        "--config", str(base), "--config", str(CONFIGS / "method" / f"{method}.yaml"),
+        f"run.out_dir={out}", *RESUMABLE], module=True)
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, **ENV}, start_new_session=True)
 
