@@ -143,6 +143,8 @@ def build_trainer(opt: argparse.Namespace) -> ODBTrainer:
             odb_config=odb.ODBConfig(**options),
         )
     deepspeed = DS_CONFIG if opt.strategy == "deepspeed" else None
+    if deepspeed:
+        skip_cpu_shm_comm_build()
     args = TrainingArguments(**common, deepspeed=deepspeed)
     loader = odb.ODBLoader(dataset, **options)
     return ODBTrainer(model=tiny_model(), args=args, train_loader=loader)
@@ -179,6 +181,18 @@ def main() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def skip_cpu_shm_comm_build() -> None:
+    """Keep DeepSpeed from building its CPU shared-memory all-reduce op when the Trainer
+    starts its comm backend (a C++ compile or a cache check of ~20 s per run on 2 cores;
+    only tensor-parallel inference uses the op), as the train entry point does
+    (experiments/train/strategy.py)."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 # ---------------------------------------------------------------------- checks
