@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml $(PINS) | $(PY)
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 --max-test-seconds=60
+	$(PY) -m pytest -q -n 2 --durations=15 --max-test-seconds=60
 
 # Markers in pyproject.toml: dist (spawns processes), slow, slurm. docs/testing.md.
 test-quick: $(STAMP)

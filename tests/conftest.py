@@ -17,8 +17,9 @@ from hypothesis import settings  # noqa: E402
 
 from tests.dist import RankPool, use_pool  # noqa: E402
 
-# The time guard (a test over --max-test-seconds fails) and pytester for its own tests.
-pytest_plugins = ["pytester", "tests.time_limit"]
+# The time guard (a test over --max-test-seconds fails), the xdist workers' shares
+# (tests/workers.py) and pytester for the guard's own tests.
+pytest_plugins = ["pytester", "tests.time_limit", "tests.workers"]
 
 # A clean clone has no `.hypothesis/` example database, so a randomized run would never
 # replay a failure another run found. The default `ci` profile derandomizes: every run
@@ -54,8 +55,24 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _RANK_POOL.close()
+    worker_output = getattr(session.config, "workeroutput", None)  # on an xdist worker
+    if worker_output is not None and _RANK_POOL.counts:
+        worker_output["rank_pool"] = _RANK_POOL.summary()
+
+
+_WORKER_POOL_SUMMARIES: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: a worker's rank-pool summary, for the end of the report."""
+    summary = getattr(node, "workeroutput", {}).get("rank_pool")
+    if summary:
+        _WORKER_POOL_SUMMARIES.append(f"[{node.gateway.id}] {summary}")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _RANK_POOL.counts:
         terminalreporter.write_line(_RANK_POOL.summary())
+    for line in _WORKER_POOL_SUMMARIES:
+        terminalreporter.write_line(line)
