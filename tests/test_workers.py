@@ -24,19 +24,21 @@ def test_records_its_worker(i):
 """
 
 
-def test_slurm_modules_go_to_the_slurm_worker() -> None:
+def test_slurm_modules_and_the_core_go_beside_the_rest() -> None:
     for module in SLURM_MODULES:
-        assert worker_group(f"{module}::test_x[a::b]") == "slurm"
+        assert worker_group(f"{module}::test_x[a::b]") == "beside"
+    assert worker_group("tests/odb/core/test_grouping.py::TestX::test_y") == "beside"
     assert worker_group("tests/odb/test_faults.py::test_stall") == "rest"
+    assert worker_group("tests/odb/test_core.py::test_x") == "rest"
     assert worker_group("tests/experiments/test_rehearsal.py.bak::x") == "rest"
 
 
 def _inner_suite(pytester: pytest.Pytester, out: Path, slurm_module: str) -> None:
-    """Two Slurm modules of 3 tests and two other modules of 8 (the scheduler gives the
-    larger scope out first)."""
+    """Two Slurm modules and a core module of 3 tests each, two other modules of 8."""
     files = {
         slurm_module: ("[pytest.mark.slurm]", 3),
         "tests/experiments/test_cluster.py": ("[pytest.mark.slurm]", 3),
+        "tests/odb/core/test_c.py": ("[]", 3),
         "tests/odb/test_a.py": ("[]", 8),
         "tests/test_b.py": ("[]", 8),
     }
@@ -57,16 +59,20 @@ def _run(
 
 
 @pytest.mark.slow  # two xdist workers start (a few seconds)
-def test_with_two_workers_the_slurm_modules_share_one_and_the_rest_the_other(
+def test_with_two_workers_the_slurm_modules_and_the_core_share_one_the_rest_the_other(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _inner_suite(pytester, tmp_path, "tests/experiments/test_rehearsal.py")
-    _run(pytester, monkeypatch, "-n", "2").assert_outcomes(passed=22)
+    _run(pytester, monkeypatch, "-n", "2").assert_outcomes(passed=25)
     ran = {p.name: p.read_text() for p in tmp_path.iterdir()}
-    assert len(ran) == 22
-    slurm = {w for name, w in ran.items() if name.startswith(("test_rehearsal", "test_cluster"))}
+    assert len(ran) == 25
+    beside = {
+        w
+        for name, w in ran.items()
+        if name.startswith(("test_rehearsal", "test_cluster", "test_c"))
+    }
     rest = {w for name, w in ran.items() if name.startswith(("test_a", "test_b"))}
-    assert len(slurm) == 1 and len(rest) == 1 and slurm != rest, ran
+    assert len(beside) == 1 and len(rest) == 1 and beside != rest, ran
 
 
 def test_a_slurm_test_outside_the_list_is_refused_at_collection(

@@ -1,10 +1,14 @@
 """How ``make test``'s two pytest-xdist workers (``-n 2``) share the suite.
 
-One worker runs the modules that start the local Slurm cluster (:data:`SLURM_MODULES`),
-one after the other, so one cluster is up at a time; the other runs every other test, in
-collection order. The Slurm tests spend most of their time waiting (Slurm's and
-Snakemake's job starts, the Slurm executor's polling), so they fit beside the rest; two
-halves of the rest side by side would put two tests' rank processes on the 2 cores.
+The second worker runs the modules that start the local Slurm cluster
+(:data:`SLURM_MODULES`), one after the other, so one cluster is up at a time, then the
+protocol core's single-process tests (:data:`CORE`: properties and state machines, no
+clock in them); the first runs every other test, in collection order. The Slurm tests
+spend most of their time waiting (Slurm's and Snakemake's job starts, the Slurm
+executor's polling) and the rest leaves about one core idle on average (rank processes
+wait on each other, on start-up and on timeouts that must fire), so the second
+worker's tests fit beside the rest. Splitting the rest itself over two workers would
+put two tests' rank processes on the 2 cores, with their timeouts.
 
 A module with a ``slurm`` test belongs to :data:`SLURM_MODULES`; collection fails, naming
 the module, when it is missing, so a new Slurm test cannot run beside the others (two
@@ -25,11 +29,13 @@ SLURM_MODULES = frozenset({
     "tests/experiments/test_cluster.py",
     "tests/experiments/test_rehearsal.py",
 })  # fmt: skip
+CORE = "tests/odb/core/"
 
 
 def worker_group(nodeid: str) -> str:
-    """The worker a test runs on: ``slurm`` or ``rest``."""
-    return "slurm" if nodeid.split("::", 1)[0] in SLURM_MODULES else "rest"
+    """The share a test belongs to: ``beside`` (the second worker's) or ``rest``."""
+    path = nodeid.split("::", 1)[0]
+    return "beside" if path in SLURM_MODULES or path.startswith(CORE) else "rest"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,7 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if marked - SLURM_MODULES:
         raise pytest.UsageError(
             f"tests/workers.py: add {sorted(marked - SLURM_MODULES)} to SLURM_MODULES: its "
-            "slurm tests must run on the Slurm worker, one cluster at a time"
+            "slurm tests must run on the second worker, one cluster at a time"
         )
 
 
@@ -45,10 +51,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    class SlurmApart(LoadScopeScheduling):
-        """xdist's scope scheduling with two scopes: a worker each, largest first."""
+    class TwoShares(LoadScopeScheduling):
+        """xdist's scope scheduling with two scopes, ``rest`` and ``beside``: one per
+        worker, each run in collection order."""
 
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
 
-    return SlurmApart(config, log)
+    return TwoShares(config, log)
