@@ -20,7 +20,7 @@ from experiments.train.curves import CURVES_DIR, TAGS, Curves, StepPoint
 from tests.experiments.train.test_run import train
 
 
-def _read(folder: Path) -> dict[str, list[tuple[int, float]]]:
+def read_curves(folder: Path) -> dict[str, list[tuple[int, float]]]:
     """Every point of every scalar in ``folder``: ``{tag: [(step, value), ...]}``."""
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # 0: keep all
     events.Reload()
@@ -44,7 +44,7 @@ def test_every_step_has_one_point_of_each_scalar(tmp_path: Path) -> None:
     with Curves(tmp_path / CURVES_DIR) as curves:
         for step in (1, 2, 3):
             curves.add(_point(step, loss=1.0 / step, idle_steps=step - 1))
-    scalars = _read(tmp_path / CURVES_DIR)
+    scalars = read_curves(tmp_path / CURVES_DIR)
     assert sorted(scalars) == sorted(TAGS)
     assert all([s for s, _ in points] == [1, 2, 3] for points in scalars.values())
     assert [v for _, v in scalars["train/loss"]] == pytest.approx([1.0, 0.5, 1 / 3])
@@ -61,7 +61,7 @@ def test_a_resumed_segment_replaces_the_points_past_its_checkpoint(tmp_path: Pat
     with Curves(folder, first_step=4) as resumed:
         for step in range(4, 7):
             resumed.add(_point(step, loss=20.0 + step))
-    assert _read(folder)["train/loss"] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
+    assert read_curves(folder)["train/loss"] == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0),
                                            (5, 25.0), (6, 26.0)]
 
 
@@ -74,7 +74,7 @@ def test_closing_leaves_no_thread_or_open_file_also_after_an_error(tmp_path: Pat
         raise RuntimeError("a failing step")
     assert set(threading.enumerate()) <= before
     assert not [f.path for f in psutil.Process().open_files() if f.path.startswith(str(tmp_path))]
-    assert _read(tmp_path / CURVES_DIR)["train/loss"] == [(1, 1.0)]  # flushed on the way out
+    assert read_curves(tmp_path / CURVES_DIR)["train/loss"] == [(1, 1.0)]  # flushed on the way out
     curves.close()  # again: nothing to do
     with pytest.raises(RuntimeError, match="after close"):
         curves.add(_point(2))
@@ -111,7 +111,7 @@ def test_a_run_writes_one_point_per_optimizer_step(base_config: Path, ultrachat_
     assert result["tensorboard"] == str(tmp_path / CURVES_DIR)
     steps = list(range(1, result["optimizer_steps"] + 1))
     assert len(steps) >= 3 and result["idle_steps"] > 0, "premise: several steps, an IDLE one"
-    scalars = _read(tmp_path / CURVES_DIR)
+    scalars = read_curves(tmp_path / CURVES_DIR)
     assert {tag: [s for s, _ in scalars[tag]] for tag in TAGS} == dict.fromkeys(TAGS, steps)
     values = {tag: [v for _, v in points] for tag, points in scalars.items()}
     curve = result["loss_curve"]

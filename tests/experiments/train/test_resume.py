@@ -14,9 +14,11 @@ import pytest
 import torch.distributed as dist
 
 from experiments.train.config import ConfigError, load_config
+from experiments.train.curves import CURVES_DIR, TAGS
 from experiments.train.run import main, resolve_resume
 from tests.dist import kill_tree, torchrun_command
 from tests.experiments.train.conftest import CONFIGS, ENV, WHOLE, WHOLE_TRAIN_SAMPLES, train
+from tests.experiments.train.test_curves import read_curves
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -74,8 +76,14 @@ def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
     assert result["epoch_timings"] == []  # the epoch straddles the kill: no measurement
     if method == "standard":
         assert result["steps"] == STANDARD_STEPS
-    curve = [p["step"] for p in result["loss_curve"]]
-    assert curve == list(range(1, result["optimizer_steps"] + 1))
+    steps = list(range(1, result["optimizer_steps"] + 1))
+    assert [p["step"] for p in result["loss_curve"]] == steps
+    # The training curves too: the killed segment's points up to its checkpoint (flushed
+    # before it was saved), the resumed segment's after it, one point a step.
+    scalars = read_curves(tmp_path / CURVES_DIR)
+    assert {tag: [s for s, _ in scalars[tag]] for tag in TAGS} == dict.fromkeys(TAGS, steps)
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx(
+        [p["loss"] for p in result["loss_curve"]], rel=1e-6)
     final = json.loads((tmp_path / "final" / "trainer_state.json").read_text())
     assert final["schedule"]["fraction"] == 1.0  # the schedule ends with the epoch
 
