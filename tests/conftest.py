@@ -1,5 +1,5 @@
-"""Suite-wide settings: no hub access, a fixed Hypothesis profile, the time guard
-(tests/time_limit.py), `gpu` tests skipped without CUDA, and one pool of warm rank
+"""Suite-wide settings: no hub access, a fixed Hypothesis profile, the time budgets
+(tests/time_budget.py), `gpu` tests skipped without CUDA, and one pool of warm rank
 processes for `run_ranks` (`fresh_ranks`: none)."""
 
 import os
@@ -17,9 +17,9 @@ from hypothesis import settings  # noqa: E402
 
 from tests.dist import RankPool, use_pool  # noqa: E402
 
-# The time guard (a test over --max-test-seconds fails), the xdist workers' shares
-# (tests/workers.py) and pytester for the guard's own tests.
-pytest_plugins = ["pytester", "tests.time_limit", "tests.workers"]
+# The time budgets (over-budget tests reported, hangs fail), the xdist workers' shares
+# (tests/workers.py) and pytester for the budgets' own tests.
+pytest_plugins = ["pytester", "tests.time_budget", "tests.workers"]
 
 # A clean clone has no `.hypothesis/` example database, so a randomized run would never
 # replay a failure another run found. The default `ci` profile derandomizes: every run

@@ -91,7 +91,7 @@ def _workdir(tmp_path: Path, mirror: Path) -> Path:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.time_limit(150, reason=SLURM_PATH_REASON)
+@pytest.mark.time_budget(150, reason=SLURM_PATH_REASON)
 def test_ci_slice_trains_on_two_nodes_and_evaluates_through_sbatch(
         tmp_path: Path, mirror: Path, slurm: tuple[Path, dict[str, str]]) -> None:
     work = _workdir(tmp_path, mirror)
@@ -148,7 +148,7 @@ def _cancel_after_first_checkpoint(work: Path, env: dict[str, str], snake: subpr
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.time_limit(120, reason=SLURM_PATH_REASON)
+@pytest.mark.time_budget(120, reason=SLURM_PATH_REASON)
 def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(
         tmp_path: Path, mirror: Path, slurm: tuple[Path, dict[str, str]]) -> None:
     work = _workdir(tmp_path, mirror)

@@ -230,7 +230,7 @@ def test_three_epochs_leave_no_fds_shm_or_children() -> None:
         assert not shm.leaked()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_an_unpicklable_sample_raises_in_its_worker(mode: str) -> None:
     loader = odb.ODBLoader(Unpicklable(), token_budget=8, num_workers=1, collate_mode=mode)
@@ -253,7 +253,7 @@ def test_a_clean_collate_process_exits_with_code_zero() -> None:
     assert side.exitcode == 0
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_a_worker_killed_mid_write_is_named() -> None:
     # Big inline samples leave a killed writer's message half-written in the result pipe.
     loader = odb.ODBLoader(
