@@ -2,22 +2,26 @@
 # the grid (which cells exist, how each runs) in experiments/grid.py.
 #
 #   snakemake --cores 2            CPU-proxy scale (config/cpu.yaml)
-#   snakemake --profile slurm      paper scale on Slurm (the profile selects config/paper.yaml)
+#   snakemake --profile slurm      paper scale on Slurm (the profile passes config/paper.yaml)
+#   snakemake --profile slurm plan what the paper run will run and cost: results/paper/PLAN.md
 #   snakemake --cores 2 ablation_budget     one ablation (targets: docs/workflow.md)
 #
-# The scale is chosen here and in profiles/slurm only: profiles/default is applied as
-# the workflow profile on every run and its keys would win over --profile slurm.
+# One scale, whole: a config file that names its `scale` (config/paper.yaml) is the run's
+# config by itself; without one, config/cpu.yaml is the base under --config values
+# (experiments/workflow_config.py). Never a `configfile:` directive here: Snakemake would
+# merge it under the paper config key by key. profiles/default is applied as the workflow
+# profile on every run, so it holds no scale setting either.
 
 import re
 
 from snakemake.utils import validate
 
 from experiments.grid import build_grid, refuse_renamed
+from experiments.workflow_config import effective_config
 
-
-configfile: "config/cpu.yaml"
-
-
+_EFFECTIVE = effective_config(config)
+config.clear()
+config.update(_EFFECTIVE)
 refuse_renamed(config)  # a former key's error names the new one; the schema's would not
 validate(config, "config/schema.yaml")
 GRID = build_grid(config)

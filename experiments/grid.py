@@ -202,8 +202,9 @@ class Grid:
     def needs_cache(self, name: str) -> bool:
         return self.cells[name].method in ("sorted", "gmt", "bmt", "packing")
 
-    def train_args(self, name: str) -> str:
-        """``--config`` layers and ``key=value`` overrides of ``experiments.train``."""
+    def train_invocation(self, name: str) -> tuple[list[str], list[str]]:
+        """The ``--config`` layers and ``key=value`` overrides of ``experiments.train`` for
+        cell ``name``, in order: what its job receives."""
         cell = self.cells[name]
         t = self.config["train"]
         layers = [
@@ -232,6 +233,12 @@ class Grid:
         overrides += list(t.get("method_overrides", {}).get(cell.method, []))
         overrides += [f"method.odb.{k}={_value(v)}" for k, v in cell.options]
         overrides += list(t.get("overrides", []))
+        overrides += list(t.get("cell_overrides", {}).get(name, []))
+        return layers, overrides
+
+    def train_args(self, name: str) -> str:
+        """``--config`` layers and ``key=value`` overrides of ``experiments.train``."""
+        layers, overrides = self.train_invocation(name)
         return " ".join([*(f"--config {p}" for p in layers), *map(_quote, overrides)])
 
     def run_order(self) -> list[str]:
@@ -399,7 +406,7 @@ def _variants(config: Mapping[str, Any]) -> dict[str, DataVariant]:
         base = out[name]
         key = f"{name}-aug{stale['aug'][0]}-{stale['aug'][1]}"
         # its own record count: stale-cache violations are rare events, an epoch needs more
-        records = (("max_samples", int(stale["max_samples"])),) if "max_samples" in stale else ()
+        records = (("max_samples", int(stale["max_samples"])),) if stale.get("max_samples") else ()
         out[key] = DataVariant(
             key,
             base.dataset,
@@ -493,6 +500,10 @@ def build_grid(config: Mapping[str, Any]) -> Grid:
             grid.cell(c.data, "odb", model=c.model, mode=c.mode, nodes=c.nodes, seed=c.seed),
         )
     _ablations(grid, config["ablations"])
+    unknown = sorted(set(config["train"].get("cell_overrides", {})) - set(grid.cells))
+    if unknown:
+        raise ValueError(f"train.cell_overrides names cells the grid lacks: {unknown}; "
+                         "cell names are in results/paper/grid.json (or the plan)")
     return grid
 
 

@@ -79,6 +79,15 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
     assert all("slurm_partition=gpu" in b for b in train + evals)
     caches = [b for b in blocks if b.startswith("length_cache:")]
     assert caches and all("slurm_partition=cpu" in b for b in caches)
+    # one scale, whole: every job gets the paper config's values, none of the CPU scale's
+    # (once each paper cell inherited the CPU grid's train.epochs=4 and cache_repeats 3)
+    for block in train:
+        cell = re.search(r"cell=(\S+)", block)[1]
+        epochs = re.findall(r"train\.epochs=(\d+)", block)
+        assert epochs and int(epochs[-1]) == (2 if cell.endswith(".e2") else 1), cell
+    assert all("--repeats 1 " in b for b in caches)
+    for cpu_value in ("results/data/assets/processor", "model/tiny.yaml", "train.lr=1.0e-3"):
+        assert cpu_value not in out, cpu_value
 
 
 def test_paper_grid_holds_the_papers_cells() -> None:

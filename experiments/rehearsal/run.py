@@ -4,11 +4,15 @@
     python -m experiments.rehearsal.run --slice ci  # the CI slice: one 2-node ODB job + evals
 
 Brings up a local two-node Slurm cluster (`experiments.rehearsal.cluster`, as root), runs
-the paper workflow through the real Slurm profile with the overlay `config/rehearsal.yaml`
-(the only differences from `config/paper.yaml`: a hub-layout mirror instead of the hub,
-CPU devices instead of GPUs, tens of records a cell), then tears the cluster down. Every
-job goes through `sbatch` (2-node cells through the launcher's `srun`) except the
-`stage` rule, which is a local rule by design (it runs where there is internet).
+the users' own command, ``snakemake --profile slurm``, from the repository root with the
+overlay (:func:`overlay_args`) as its only addition: the overlay config
+`config/rehearsal.yaml` over `config/paper.yaml` (a hub-layout mirror instead of the hub,
+CPU devices instead of GPUs, tens of records a cell, one cell made to fail on purpose),
+a working directory of its own, and the local cluster's site settings. Then it tears the
+cluster down. Every job goes through `sbatch` (2-node cells through the launcher's
+`srun`) except the `stage` rule, which is a local rule by design (it runs where there is
+internet). The profile's `keep-going` lets the grid run past the failed cell; the tables
+and the report are made anyway (the overlay's ``allow_partial``) and name it as missing.
 
 Slices (which cells of the paper grid run; the grid itself is the paper's):
 
@@ -45,7 +49,10 @@ OVERLAY = ROOT / "config" / "rehearsal.yaml"
 PAPER = ROOT / "config" / "paper.yaml"
 NODE_CPUS = 64          # the paper's cpus_per_task per training job
 NODE_MEMORY_MB = 1_100_000  # above the 8B cells' 1,024,000 MB request
-# Polled with squeue: the local cluster keeps no accounting database for sacct.
+# The command users type for the paper run (README, docs/workflow.md).
+USERS_COMMAND = ("snakemake", "--profile", "slurm")
+# The local cluster's site settings: polled with squeue (it keeps no accounting database
+# for sacct), a first status check after 5 s, every job's Slurm log kept.
 SLURM_ARGS = ("--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks",
               "5", "--slurm-keep-successful-logs")
 RECORDS = 24
@@ -79,27 +86,32 @@ def slice_targets(slice_name: str, config: dict) -> tuple[list[str], list[str]]:
     return [*runs, *evals, *stats], ["ablation_policy", "results/paper/REPORT.md"]
 
 
-def workflow_config(*configfiles: Path) -> dict:
-    """The config Snakemake sees with ``--configfile`` ``configfiles``: the Snakefile's
-    ``config/cpu.yaml``, then each file over it, key by key (Snakemake's own merge)."""
-    import yaml
-    from snakemake.utils import update_config
+def overlay_args(workdir: Path, jobs: int) -> list[str]:
+    """What the rehearsal adds to :data:`USERS_COMMAND`, and all of it: the overlay over
+    the paper config (a ``--configfile`` replaces the profile's, so both are named), its
+    own working directory, jobs in flight for a 2-core host, the local cluster's
+    :data:`SLURM_ARGS`."""
+    return ["--configfile", str(PAPER), str(OVERLAY), "--directory", str(workdir),
+            "--jobs", str(jobs), *SLURM_ARGS]
 
-    config: dict = {}
-    for path in (ROOT / "config" / "cpu.yaml", *configfiles):
-        update_config(config, yaml.safe_load(path.read_text()))
-    return config
+
+def snakemake_command(workdir: Path, targets: list[str], jobs: int) -> list[str]:
+    """The users' command, the overlay, then the targets (run from the repository root)."""
+    return [*USERS_COMMAND, *overlay_args(workdir, jobs), *targets]
 
 
 def snakemake(workdir: Path, targets: list[str], jobs: int) -> tuple[int, float]:
-    """One `snakemake --profile slurm` over the overlay; (exit code, seconds)."""
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "slurm", "-s", str(ROOT / "Snakefile"),
-           "--directory", str(workdir), "--configfile", str(PAPER), str(OVERLAY),
-           "--jobs", str(jobs), *SLURM_ARGS, *targets]
+    """One `snakemake --profile slurm` + the overlay; (exit code, seconds)."""
     _log(f"snakemake --profile slurm ... {len(targets)} targets")
     start = time.monotonic()
-    code = subprocess.run(cmd, cwd=workdir, env=_env()).returncode
+    code = subprocess.run(snakemake_command(workdir, targets, jobs), cwd=ROOT,
+                          env=_env()).returncode
     return code, time.monotonic() - start
+
+
+def planted_failures(config: dict) -> list[str]:
+    """The cells the overlay makes fail on purpose (``train.cell_overrides``)."""
+    return sorted(config["train"].get("cell_overrides", {}))
 
 
 def _env() -> dict[str, str]:
@@ -111,8 +123,8 @@ def prepare(workdir: Path, records: int) -> float:
     """The working directory (the profile by its relative name) and the hub mirror."""
     start = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    for name, target in (("slurm", ROOT / "profiles" / "slurm"),
-                         ("experiments", ROOT / "experiments"), ("eval", ROOT / "eval")):
+    # the jobs run in the working directory and name the config layers by relative path
+    for name, target in (("experiments", ROOT / "experiments"), ("eval", ROOT / "eval")):
         link = workdir / name
         if not link.exists():
             link.symlink_to(target)
@@ -136,17 +148,32 @@ def job_counts(workdir: Path) -> dict[str, dict[str, int]]:
 
 
 def inside(args: argparse.Namespace) -> int:
-    """The part that runs with the cluster up (SLURM_CONF set by the cluster runner)."""
+    """The part that runs with the cluster up (SLURM_CONF set by the cluster runner).
+
+    The runs go first; the tables and the report follow whatever failed (the profile's
+    keep-going, the overlay's allow_partial). 0 when every target was made but the cells
+    the overlay fails on purpose, and those failed."""
+    from experiments.workflow_config import load_files
+
+    config = load_files(PAPER, OVERLAY)
     phases, codes = {}, {}
-    first, second = slice_targets(args.slice, workflow_config(PAPER, OVERLAY))
+    first, second = slice_targets(args.slice, config)
     codes["runs"], phases["runs, caches and evaluations"] = snakemake(args.workdir, first,
                                                                       args.jobs)
-    if second and not codes["runs"]:
+    if second:
         codes["tables"], phases["tables and report"] = snakemake(args.workdir, second, args.jobs)
+    missing = [t for t in first + second if not (args.workdir / t).exists()
+               and not t.startswith("ablation_")]
+    planted = [f"results/train/{c}/result.json" for c in planted_failures(config)
+               if f"results/train/{c}/result.json" in first]
+    failed = {t: f"logs/train/{t.split('/')[2]}.log" if t.startswith("results/train/") else ""
+              for t in missing}
     summary = {"slice": args.slice, "exit_codes": codes, "seconds": phases,
-               "jobs": job_counts(args.workdir), "targets": first + second}
+               "jobs": job_counts(args.workdir), "targets": first + second,
+               "failed": failed, "failed_on_purpose": planted}
     (args.workdir / "inside.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return max(codes.values())
+    ok = sorted(missing) == sorted(planted) and not codes.get("tables")
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

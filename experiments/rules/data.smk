@@ -14,7 +14,7 @@ rule proxies:
     log:
         "logs/data/proxies.log",
     params:
-        samples=config["data"].get("proxy_samples", 0),
+        samples=config["data"].get("proxy_samples") or 0,
         seed=config["seed"],
     threads: 1
     conda:

@@ -25,6 +25,32 @@ rule grid_manifest:
         " > {log} 2>&1"
 
 
+# The plan before the run: every cell's effective settings with their sources, jobs per
+# rule and estimated GPU-hours (experiments/plan.py). Local and quick: run it before
+# submitting the grid, `snakemake --profile slurm plan`.
+rule plan:
+    input:
+        "experiments/grid.py",
+        "experiments/plan.py",
+    output:
+        md="results/paper/PLAN.md",
+        json="results/paper/PLAN.json",
+    log:
+        "logs/paper/plan.log",
+    params:
+        config=lambda wc: json.dumps(config, sort_keys=True, separators=(",", ":")),
+    threads: 1
+    conda:
+        "../../environment.yml"
+    shell:
+        "python -m experiments.plan --config-json {params.config:q} --out-dir results/paper"
+        " > {log} 2>&1"
+
+
+localrules:
+    plan,
+
+
 for _name in TABLES:
 
     rule:

@@ -20,8 +20,8 @@ import torch
 import odb
 from baselines import build_loader, needs_lengths
 from experiments.grid import build_grid
-from experiments.rehearsal.run import workflow_config
 from experiments.train.config import FIXED_BATCH, TrainConfig, load_config
+from experiments.workflow_config import PAPER_CONFIG, load_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def _cell_configs(config: dict) -> dict[str, TrainConfig]:
     grid = build_grid(config)
     out = {}
     for name in grid.cells:
-        words = shlex.split(grid.train_args(name))
+        words = shlex.split(grid.train_args(name))  # the job's own command line
         layers = [ROOT / w for p, w in zip(words, words[1:], strict=False) if p == "--config"]
         overrides = [w for w in words if "=" in w and not w.startswith("--")]
         out[name] = load_config(layers, overrides)
@@ -46,7 +46,7 @@ def _samples(cutoff: int, n: int = 256) -> list[dict[str, torch.Tensor]]:
              "labels": torch.ones(int(k), dtype=torch.long)} for k in lengths]
 
 
-PAPER = _cell_configs(workflow_config(ROOT / "config" / "paper.yaml"))
+PAPER = _cell_configs(load_files(PAPER_CONFIG))
 
 
 def _loader_key(cfg: TrainConfig) -> str:

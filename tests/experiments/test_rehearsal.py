@@ -36,10 +36,9 @@ from experiments.rehearsal.run import (
     NODE_CPUS,
     NODE_MEMORY_MB,
     OVERLAY,
-    PAPER,
-    SLURM_ARGS,
     main,
     prepare,
+    snakemake_command,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +50,7 @@ pytestmark = [
 # Mirror rows a dataset: what the resumable run reads (RESUMABLE); the CI slice reads
 # the overlay's 24.
 RECORDS = 40
-# Over the suite's 60 s (tests/time_limit.py), for what is not the test's to cut: every
+# Over the suite's 60 s budget (tests/time_budget.py), for what is not the test's to cut: every
 # sbatch job pays Slurm's job start, Snakemake's job-step start (the paper grid parsed
 # again) and the training launch (~15 s of imports and DeepSpeed set-up on 2 cores),
 # and the Slurm executor polls with back-off (a first check after 5 s, then 10 s longer
@@ -160,12 +159,12 @@ def test_a_cancelled_job_is_rerun_by_snakemake_and_resumes_exactly_once(
     # the checkpoint fills up and blocks Snakemake, status checks included.
     log = tmp_path / "snakemake.log"
     with log.open("w") as sink:
+        # the users' command + the overlay, as make rehearse runs it, + the test's config
+        command = snakemake_command(work, [f"results/train/{CELL}/result.json"], jobs=1)
+        command.insert(command.index(str(OVERLAY)) + 1, str(extra))
         snake = subprocess.Popen(
-            [sys.executable, "-m", "snakemake", "--profile", "slurm", "-s",
-             str(ROOT / "Snakefile"), "--directory", str(work), "--configfile",
-             str(PAPER), str(OVERLAY), str(extra), "--jobs", "1", *SLURM_ARGS,
-             f"results/train/{CELL}/result.json"],
-            cwd=work, env=env, stdout=sink, stderr=subprocess.STDOUT)
+            command,
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
         try:
             _cancel_after_first_checkpoint(work, env, snake)
             snake.wait(timeout=900)
