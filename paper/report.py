@@ -230,11 +230,26 @@ def _header(grid: dict[str, Any], root: Path) -> list[str]:
     ]
 
 
-def _missing_section(missing: dict[str, list]) -> list[str]:
-    """The list of missing cells of a partial grid (nothing when the grid is complete)."""
+def failed_cells(missing: dict[str, list], root: Path) -> dict[str, str]:
+    """The missing cells whose training job ran and ended without a result: ``{cell: its
+    log}`` (``logs/train/<cell>.log`` under ``root`` exists; a cell never run has none)."""
+    cells = sorted({c for names in missing.values() for c in names})
+    return {c: f"logs/train/{c}.log" for c in cells if (root / "logs/train" / f"{c}.log").exists()}
+
+
+def _missing_section(missing: dict[str, list], root: Path) -> list[str]:
+    """The failed cells with their logs, then every missing cell of a partial grid
+    (nothing when the grid is complete)."""
     if not missing:
         return []
-    out = ["## Missing cells (partial grid)", ""]
+    out = []
+    failed = failed_cells(missing, root)
+    if failed:
+        out += ["## Failed cells", "", "Their training job ran and left no result; rerun one "
+                "with `snakemake --profile slurm results/train/<cell>/result.json` after "
+                "reading its log (docs/workflow.md, \"Failed cells\").", ""]
+        out += [f"- `{cell}`: `{log}`" for cell, log in failed.items()] + [""]
+    out += ["## Missing cells (partial grid)", ""]
     out += [f"- {k}: " + ", ".join(f"`{m}`" for m in v) for k, v in missing.items()]
     return [*out, ""]
 
@@ -302,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = _check_complete(tables, args.allow_partial)
     out = [
         *_header(grid, args.root),
-        *_missing_section(missing),
+        *_missing_section(missing, args.root),
         *_claims_section(tables, grid),
         *_tables_section(args.paper_dir),
         "---",

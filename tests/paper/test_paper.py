@@ -190,6 +190,23 @@ def test_allow_partial_lists_the_missing_cells(tmp_path: Path) -> None:
         )
 
 
+def test_a_failed_cell_is_named_with_its_log_apart_from_cells_never_run(
+        tmp_path: Path) -> None:
+    """A cell whose job ran (its log exists) and left no result is a failure to read
+    about; a missing cell without a log was never run (a slice, a target not asked for)."""
+    root, failed = _partial_root(tmp_path)
+    never_run = "ultrachat.standard.tiny-full-n1-s0"
+    shutil.rmtree(root / "results" / "train" / never_run)
+    (root / "logs" / "train").mkdir(parents=True, exist_ok=True)
+    (root / "logs" / "train" / f"{failed}.log").write_text("ConfigError: ...\n")
+    out = tmp_path / "out"
+    run_all(out, root, partial=True)
+    report = (out / "REPORT.md").read_text()
+    section = report.split("## Failed cells")[1].split("## Missing cells")[0]
+    assert f"- `{failed}`: `logs/train/{failed}.log`" in section
+    assert never_run not in section and never_run in report.split("## Missing cells")[1]
+
+
 def test_paper_scripts_import_no_torch() -> None:
     code = (
         "import sys; import paper.report, paper.throughput, paper.quality, paper.cache, "
