@@ -62,12 +62,17 @@ def reference_workload() -> float:
     """Seconds for a fixed CPU workload like the suite's (Python loops, small tensor ops)."""
     import torch
 
-    start = time.perf_counter()
-    a = torch.ones(96, 96)
-    for _ in range(1000):
-        a = (a @ a).clamp_(max=1.0)
-    sum(i * i for i in range(2_000_000))
-    return time.perf_counter() - start
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # intra-op threads that spin-wait on a busy machine measure
+    try:                      # their own contention (seen: 15 s instead of 0.5 s)
+        start = time.perf_counter()
+        a = torch.ones(96, 96)
+        for _ in range(1000):
+            a = (a @ a).clamp_(max=1.0)
+        sum(i * i for i in range(2_000_000))
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _scale(config: pytest.Config) -> dict:
