@@ -10,6 +10,11 @@ from typing import Any
 # module (or a rank process it spawns, which inherits the environment) imports HF code.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One intra-op thread per process (unless set): two xdist workers and their rank
+# processes already fill the 2 cores, and torch's spin-waiting OpenMP threads collapse
+# beside busy processes (a matmul loop took 15 s instead of 0.5 s next to two of them;
+# tests/time_budget.py). torchrun sets the same for the ranks it starts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
