@@ -24,20 +24,11 @@ from typing import Any
 
 import yaml
 
+from experiments.config_layers import merge_layers
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_CONFIG = ROOT / "config" / "cpu.yaml"
 PAPER_CONFIG = ROOT / "config" / "paper.yaml"
-
-
-def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``, key by key into nested mappings (Snakemake's own merge)."""
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def effective_config(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,7 +37,7 @@ def effective_config(given: Mapping[str, Any]) -> dict[str, Any]:
     ``scale``, else ``given`` over ``config/cpu.yaml``."""
     if "scale" in given:
         return dict(given)
-    return merge(yaml.safe_load(CPU_CONFIG.read_text()), given)
+    return merge_layers(yaml.safe_load(CPU_CONFIG.read_text()), given)
 
 
 def load_files(*paths: Path) -> dict[str, Any]:
@@ -54,5 +45,5 @@ def load_files(*paths: Path) -> dict[str, Any]:
     :func:`effective_config`."""
     given: dict[str, Any] = {}
     for path in paths:
-        given = merge(given, yaml.safe_load(Path(path).read_text()) or {})
+        given = merge_layers(given, yaml.safe_load(Path(path).read_text()) or {})
     return effective_config(given)

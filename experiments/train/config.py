@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from experiments.config_layers import merge_layers
 from experiments.data.pipeline import DataConfig
 
 __all__ = [
@@ -501,22 +502,6 @@ def _read_layer(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     for rel in [includes] if isinstance(includes, str) else includes:
         merged = merge_layers(merged, _read_layer(path.parent / rel, (*seen, path)))
     return merge_layers(merged, data)
-
-
-def merge_layers(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``, recursively for mappings; other values are replaced.
-
-    Example:
-        >>> merge_layers({"a": {"x": 1, "y": 2}}, {"a": {"y": 3}})
-        {'a': {'x': 1, 'y': 3}}
-    """
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge_layers(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def parse_override(text: str) -> dict[str, Any]:
