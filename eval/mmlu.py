@@ -30,6 +30,9 @@ CATEGORIES = ("stem", "humanities", "social_sciences", "other")
 MMLU_FIELDS = ("question", "subject", "choices", "answer")
 LOCAL_TASK = "mmlu_local"
 SPLITS = ("test", "dev")
+# cais/mmlu's folders that are not subjects: every subject's rows together, and the
+# auxiliary training set.
+HUB_AGGREGATES = ("all", "auxiliary_train")
 
 
 def _lm_eval_mmlu_dir() -> Path:
@@ -84,6 +87,23 @@ def _split_files(folder: Path) -> tuple[str, dict[str, list[Path]]]:
     return builder, files
 
 
+def subject_folders(root: Path) -> list[Path]:
+    """The subject folders of an MMLU folder, sorted by name: every sub-folder but hidden
+    ones (``snapshot_download(local_dir=...)`` leaves ``.cache/huggingface/`` in each
+    repository) and the hub's `HUB_AGGREGATES` (``all/``, ``auxiliary_train/``).
+
+    Example:
+        >>> [p.name for p in subject_folders(Path("<cache>/datasets/cais/mmlu"))][:2]
+        ...                                                   # doctest: +SKIP
+        ['abstract_algebra', 'anatomy']
+    """
+    return sorted(
+        (p for p in root.iterdir()
+         if p.is_dir() and not p.name.startswith(".") and p.name not in HUB_AGGREGATES),
+        key=lambda p: p.name,
+    )
+
+
 def _subject_task(folder: Path) -> dict:
     """lm-eval's ``mmlu_<subject>`` task, reading ``folder``'s files instead of the hub."""
     real = _lm_eval_mmlu_dir()
@@ -117,9 +137,9 @@ def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     ``task_files`` holds one folder per MMLU subject (names as lm-eval's
     ``mmlu_<subject>`` tasks) with either ``test.jsonl`` and ``dev.jsonl`` (the project's
     fixtures) or ``test-*.parquet`` and ``dev-*.parquet`` (``cais/mmlu`` as the hub stores
-    it, e.g. a staged ``<cache>/datasets/cais/mmlu`` without its ``all`` folder). Paths
-    in the YAML are absolute because lm-eval resolves ``data_files`` against the working
-    directory.
+    it, e.g. a staged ``<cache>/datasets/cais/mmlu``; its ``all/``, ``auxiliary_train/``
+    and hidden folders are not subjects, see `subject_folders`). Paths in the YAML are
+    absolute because lm-eval resolves ``data_files`` against the working directory.
 
     Raises:
         FileNotFoundError: a folder or split file is missing.
@@ -131,7 +151,7 @@ def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
             f"MMLU task folder {root} does not exist; write it with "
             f"python -m eval.make_fixtures or pass --task-files"
         )
-    subjects = sorted(p.name for p in root.iterdir() if p.is_dir())
+    subjects = [p.name for p in subject_folders(root)]
     if not subjects:
         raise FileNotFoundError(f"MMLU task folder {root} has no <subject>/ folders")
     out = Path(out_dir)

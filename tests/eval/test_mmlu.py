@@ -61,6 +61,28 @@ def test_local_task_copies_lm_eval_mmlu_settings(tmp_path) -> None:
     assert Path(task["dataset_kwargs"]["data_files"]["test"][0]).is_absolute()
 
 
+def test_hidden_and_aggregate_folders_are_not_subjects(tmp_path) -> None:
+    """A folder as ``snapshot_download(local_dir=...)`` stages ``cais/mmlu``: its
+    ``.cache/huggingface/`` bookkeeping and the hub's ``all/`` and ``auxiliary_train/``
+    beside the subject folders."""
+    import shutil
+
+    staged = tmp_path / "mmlu"
+    shutil.copytree(FIXTURES, staged)
+    download = staged / ".cache" / "huggingface" / "download"
+    (download / "nutrition").mkdir(parents=True)
+    (download.parent / ".gitignore").write_text("*")
+    (download / "nutrition" / "test.jsonl.metadata").write_text("c0ffee\nbeef\n1.0\n")
+    for aggregate, split in (("all", "test"), ("all", "dev"), ("auxiliary_train", "train")):
+        (staged / aggregate).mkdir(exist_ok=True)
+        shutil.copy(FIXTURES / "nutrition" / "dev.jsonl", staged / aggregate / f"{split}.jsonl")
+    subjects = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+    out = mmlu.write_local_tasks(staged, tmp_path / "tasks")
+    assert sorted(p.name for p in out.glob(f"{mmlu.LOCAL_TASK}_*.yaml")) == [
+        f"{mmlu.LOCAL_TASK}_{s}.yaml" for s in subjects]
+    assert [p.name for p in mmlu.subject_folders(staged)] == subjects
+
+
 def test_task_files_with_missing_fields_fail_clearly(tmp_path) -> None:
     bad = tmp_path / "files" / "nutrition"
     bad.mkdir(parents=True)
