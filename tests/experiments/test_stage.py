@@ -3,6 +3,7 @@ hub_mirror`) is staged with the paper's spec by the same code that stages from t
 (only the fetch differs, a thin `snapshot_download` call), and every staged dataset is
 then read offline by the training pipeline and the evaluators' loaders."""
 
+import hashlib
 import json
 import shutil
 import zipfile
@@ -13,7 +14,7 @@ import yaml
 
 from eval import mmlu, mmmu_data
 from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.stage import StageSpec, stage
+from experiments.data.stage import HUB_CLIENT_VERSION, RepoSpec, StageSpec, check_repo, stage
 from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
 
 RECORDS = 20
@@ -38,8 +39,10 @@ def cache(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _files(root: Path) -> set[str]:
+    """Data files under ``root``: not our markers, not the hub client's bookkeeping."""
     return {p.relative_to(root).as_posix() for p in root.rglob("*")
-            if p.is_file() and not p.name.startswith(".staged")}
+            if p.is_file() and not p.name.startswith(".staged") and ".cache" not in
+            p.relative_to(root).parts}
 
 
 def test_mirror_is_laid_out_as_the_hub(mirror: Path) -> None:
@@ -70,7 +73,7 @@ def test_stage_copies_exactly_the_selected_files(cache: Path) -> None:
     assert {p.name.split("-")[0] for p in (data / "HuggingFaceH4/ultrachat_200k/data").iterdir()
             } == {"train_sft"}
     mmlu_dirs = {p.name for p in (data / "cais/mmlu").iterdir() if p.is_dir()}
-    assert "all" not in mmlu_dirs and "auxiliary_train" not in mmlu_dirs
+    assert {".cache", "all", "auxiliary_train", "nutrition"} <= mmlu_dirs  # as on the hub
     assert not any(f.startswith("test-") for f in map(lambda p: p.name,
                                                        (data / "MMMU/MMMU").rglob("*")))
     assert len(list((cache / "coco/train2017").glob("*.jpg"))) == RECORDS
@@ -79,6 +82,38 @@ def test_stage_copies_exactly_the_selected_files(cache: Path) -> None:
     manifest = json.loads((cache / "STAGED.json").read_text())
     assert manifest["files"] == len(_files(cache)) - 1  # all but the manifest itself
     assert [e["repo"] for e in manifest["entries"][:2]] == PAPER_SPEC["models"]
+
+
+def test_mirror_staging_leaves_the_hub_clients_bookkeeping(cache: Path) -> None:
+    """Each staged repository holds the ``.cache/huggingface/`` that ``snapshot_download(
+    local_dir=...)`` leaves: one metadata record (commit, etag, time) and lock per file."""
+    manifest = json.loads((cache / "STAGED.json").read_text())
+    for entry in (e for e in manifest["entries"] if "repo" in e):
+        repo = Path(entry["path"])
+        hub = repo / ".cache/huggingface"
+        assert (hub / ".gitignore").read_text() == "*"
+        assert (hub / "CACHEDIR.TAG").read_text().startswith("Signature: ")
+        files = _files(repo)
+        assert len(files) == entry["files"]
+        download = hub / "download"
+        assert _files(download) == {f"{f}.{ext}" for f in files for ext in ("metadata", "lock")}
+        for f in files:
+            commit, etag, when = (download / f"{f}.metadata").read_text().splitlines()
+            assert len(commit) == 40 and float(when) > 0
+            assert etag == hashlib.sha256((repo / f).read_bytes()).hexdigest()
+        spec = RepoSpec(entry["repo"], entry["kind"], tuple(entry["allow"]),
+                        tuple(entry["ignore"]))
+        assert set(check_repo(spec, repo, "staged")) == files  # the bookkeeping is no data
+
+
+def test_the_hub_client_is_the_version_the_bookkeeping_tracks() -> None:
+    """The mirror's bookkeeping goes through a private writer of huggingface_hub: a new
+    version must be checked and pinned (requirements/artifact.txt) before it is used."""
+    import huggingface_hub
+
+    pins = (Path(__file__).resolve().parents[2] / "requirements/artifact.txt").read_text()
+    assert f"huggingface_hub=={HUB_CLIENT_VERSION}" in pins.splitlines()
+    assert huggingface_hub.__version__ == HUB_CLIENT_VERSION
 
 
 def test_staging_twice_does_nothing(cache: Path, mirror: Path, capsys) -> None:
