@@ -139,12 +139,16 @@ class DataConfig:
 
 
 def _local_files(path: Path) -> list[Path]:
+    """The data files of a file or folder source. Hidden files are not data: a staged
+    repository folder holds the stage marker ``.staged.json`` and the hub client's
+    ``.cache/`` (pathlib's glob, unlike the shell's, matches them)."""
     if path.is_file():
         return [path]
     if (path / "records.jsonl").exists():  # the MM-Mix TMDB layout
         return [path / "records.jsonl"]
     for pattern in ("*.parquet", "*.jsonl", "*.json"):
-        files = sorted(p for p in path.glob(pattern) if p.name not in _META_FILES)
+        files = sorted(p for p in path.glob(pattern)
+                       if p.name not in _META_FILES and not p.name.startswith("."))
         if files:
             return files
     raise FileNotFoundError(f"No parquet/jsonl/json data files in {path}")

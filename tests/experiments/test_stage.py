@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from eval import mmlu, mmmu_data
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
+from experiments.data.pipeline import DataConfig, PreprocessedDataset, data_files
 from experiments.data.stage import HUB_CLIENT_VERSION, RepoSpec, StageSpec, check_repo, stage
 from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
 
@@ -179,6 +179,17 @@ def test_staged_datasets_load_offline(cache: Path, name: str) -> None:
     assert ("pixel_values" in sample) == (name != "ultrachat")
     if name == "ultrachat":
         assert len(ds) == RECORDS  # train_sft only: the test_sft shard was never staged
+
+
+def test_a_staged_repository_folder_reads_its_data_files_only(cache: Path) -> None:
+    """A repository folder as the source: its ``.staged.json`` marker and the hub
+    client's ``.cache/`` are not data (a folder source once read the marker as json)."""
+    repo = cache / "datasets/liuhaotian/LLaVA-Instruct-150K"
+    processor = str(cache / "models/Qwen/Qwen3-VL-2B-Instruct")
+    assert {".staged.json", ".cache"} <= {p.name for p in repo.iterdir()}
+    data = [str(repo / "llava_instruct_150k.json")]
+    assert data_files(DataConfig("llava", str(repo), processor)) == data
+    assert data_files(DataConfig("llava", str(repo / "*"), processor)) == data
 
 
 def test_a_glob_source_that_matches_nothing_fails(cache: Path) -> None:
