@@ -8,6 +8,7 @@ stores it::
     <cache>/models/<org>/<name>/...             config, weights, tokenizer, processor
     <cache>/datasets/<org>/<name>/<files>       only the files the allow patterns select
     <cache>/<extract_to>/...                    unpacked URL archives (COCO train2017)
+    <cache>/wheels/<file>.whl                   wheels for nodes without internet
     <cache>/STAGED.json                         manifest: what, from where, files, bytes
 
 after which every job runs with ``HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1`` and reads local
@@ -39,6 +40,12 @@ The spec (``stage.spec`` of the workflow config, passed as JSON)::
     urls:
       coco_train2017: {url: "http://images.cocodataset.org/zips/train2017.zip",
                        extract_to: coco}
+    wheels:   # a local path or a URL of each wheel; never from a mirror
+      flash_attn: /shared/wheels/flash_attn-2.8.3-cp311-cp311-linux_x86_64.whl
+
+A GPU node without internet installs a staged wheel with ``pip install --no-index
+<cache>/wheels/flash_attn-*.whl`` (its requirements, torch and einops, are installed
+already).
 
     python -m experiments.data.stage --cache /site/odb-cache --spec-json "$(cat spec.json)"
     python -m experiments.data.stage --cache /tmp/cache --mirror /tmp/mirror \\
@@ -50,6 +57,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import time
 import urllib.request
@@ -61,6 +69,7 @@ from typing import Any, Literal
 
 MARKER = ".staged.json"
 MANIFEST = "STAGED.json"
+WHEELS = "wheels"
 # What from_pretrained reads from a model repository (README, .gitattributes left out).
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja")
 MODEL_REQUIRED = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
@@ -118,6 +127,35 @@ class UrlSpec:
         return self.url.rsplit("/", 1)[-1]
 
 
+def _dist(name: str) -> str:
+    """A distribution name as wheel file names spell it (PEP 427: ``flash_attn``)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+@dataclass(frozen=True)
+class WheelSpec:
+    """One wheel to copy into ``<cache>/wheels/``: ``source`` is a local path or a URL of
+    a ``.whl`` file of the distribution ``name`` (e.g. flash-attn built for the nodes'
+    CUDA, torch and Python)."""
+
+    name: str
+    source: str
+
+    def __post_init__(self) -> None:
+        parts = self.file.removesuffix(".whl").split("-")
+        if not self.file.endswith(".whl") or len(parts) not in (5, 6):
+            raise ValueError(f"wheel {self.name}: {self.source!r} is not a wheel file "
+                             f"(<dist>-<version>-<python>-<abi>-<platform>.whl)")
+        if _dist(parts[0]) != _dist(self.name):
+            raise ValueError(f"wheel {self.name}: {self.file} is a wheel of {parts[0]!r}; "
+                             f"name the entry after its distribution or fix the source")
+
+    @property
+    def file(self) -> str:
+        """The wheel's file name, as kept in ``<cache>/wheels/``."""
+        return self.source.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """Everything to stage. Build it from the workflow config with `from_dict`.
@@ -131,15 +169,17 @@ class StageSpec:
 
     repos: tuple[RepoSpec, ...]
     urls: tuple[UrlSpec, ...] = field(default=())
+    wheels: tuple[WheelSpec, ...] = field(default=())
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> StageSpec:
         """Parse ``{models: [ids], datasets: {id: {allow, ignore}}, urls: {name: {url,
-        extract_to}}}``; unknown keys raise (so a misspelt key is never ignored)."""
-        unknown = set(spec) - {"models", "datasets", "urls"}
+        extract_to}}, wheels: {name: path or URL}}``; unknown keys raise (so a misspelt
+        key is never ignored)."""
+        unknown = set(spec) - {"models", "datasets", "urls", "wheels"}
         if unknown:
             raise ValueError(f"Unknown stage spec key(s) {sorted(unknown)}; the spec has "
-                             f"models, datasets and urls")
+                             f"models, datasets, urls and wheels")
         repos = [RepoSpec(m, "model", MODEL_PATTERNS) for m in spec.get("models", [])]
         for repo, entry in spec.get("datasets", {}).items():
             extra = set(entry) - {"allow", "ignore"}
@@ -153,7 +193,9 @@ class StageSpec:
                 raise ValueError(f"url {name}: give exactly url and extract_to, got "
                                  f"{sorted(entry)}")
         urls = [UrlSpec(name, **entry) for name, entry in spec.get("urls", {}).items()]
-        return cls(tuple(repos), tuple(urls))
+        wheels = [WheelSpec(name, str(source))
+                  for name, source in spec.get("wheels", {}).items()]
+        return cls(tuple(repos), tuple(urls), tuple(wheels))
 
 
 # --------------------------------------------------------------------------- fetching
@@ -349,6 +391,44 @@ def stage_url(spec: UrlSpec, cache: Path, fetch: Callable[[UrlSpec, Path], Path]
     return record | {"skipped": False}
 
 
+def _check_wheel(path: Path, spec: WheelSpec) -> None:
+    """Refuse (and remove) a file that is no wheel, e.g. an error page a URL answered."""
+    names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
+    if not any(n.count("/") == 1 and n.endswith(".dist-info/WHEEL") for n in names):
+        path.unlink()
+        raise ValueError(f"wheel {spec.name}: {spec.source} is not a wheel (no "
+                         f"*.dist-info/WHEEL inside); check the path or URL")
+
+
+def stage_wheel(spec: WheelSpec, cache: Path) -> dict:
+    """Copy or download one wheel into ``cache/wheels/`` unless already done; returns its
+    manifest entry. Wheels come from their own source, with or without a mirror."""
+    dest = cache / WHEELS / spec.file
+    marker = cache / WHEELS / f".staged-{spec.name}.json"
+    want = {"wheel": spec.name, "source": spec.source}
+    done = _is_complete(marker, want)
+    if done is not None:
+        print(f"[stage] wheel {spec.name}: complete ({spec.file}), skipped", flush=True)
+        return done | {"skipped": True}
+    start = time.perf_counter()
+    if "://" in spec.source:
+        print(f"[stage] wheel {spec.name}: downloading {spec.source}", flush=True)
+        download_url(spec.source, dest)
+    else:
+        if not Path(spec.source).is_file():
+            raise FileNotFoundError(f"wheel {spec.name}: no file {spec.source}; give the "
+                                    f"path (or URL) of the .whl in stage.spec.wheels")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(spec.source, dest)
+    _check_wheel(dest, spec)
+    record = want | {"path": str(dest), "files": 1, "bytes": dest.stat().st_size,
+                     "seconds": round(time.perf_counter() - start, 2)}
+    marker.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[stage] wheel {spec.name}: {dest}; install it on a node with pip install "
+          f"--no-index {dest}", flush=True)
+    return record | {"skipped": False}
+
+
 def _archive_from_url(spec: UrlSpec, cache: Path) -> Path:
     archive = cache / "downloads" / spec.archive
     if not archive.exists():  # kept after unpacking: a rerun never downloads it again
@@ -387,6 +467,7 @@ def stage(spec: StageSpec, cache: Path, mirror: Path | None = None) -> dict:
     cache.mkdir(parents=True, exist_ok=True)
     entries = [stage_repo(r, cache, fetch_repo, origin) for r in spec.repos]
     entries += [stage_url(u, cache, fetch_url) for u in spec.urls]
+    entries += [stage_wheel(w, cache) for w in spec.wheels]
     if all(e["skipped"] for e in entries) and (cache / MANIFEST).exists():
         print(f"[stage] everything was staged already; {cache / MANIFEST} left as it is",
               flush=True)
@@ -410,7 +491,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mirror", type=Path, default=None,
                         help="stage from this hub-layout folder instead of the hub")
     parser.add_argument("--spec-json", required=True,
-                        help="the stage spec: {models, datasets, urls} (see the module doc)")
+                        help="the stage spec: {models, datasets, urls, wheels} (see the "
+                             "module doc)")
     args = parser.parse_args(argv)
     return stage(StageSpec.from_dict(json.loads(args.spec_json)), args.cache, args.mirror)
 

@@ -6,6 +6,8 @@ then read offline by the training pipeline and the evaluators' loaders."""
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -154,6 +156,61 @@ def test_spec_errors() -> None:
         StageSpec.from_dict({"models": ["Qwen3-VL-2B"]})
     with pytest.raises(ValueError, match="only .zip"):
         StageSpec.from_dict({"urls": {"x": {"url": "http://h/x.tar", "extract_to": "x"}}})
+
+
+def _wheel(folder: Path, name: str = "flash_attn-0.0.1-py3-none-any.whl") -> Path:
+    """A minimal pure-Python wheel of ``flash_attn``, laid out as pip installs wheels."""
+    info = "flash_attn-0.0.1.dist-info"
+    files = {"flash_attn/__init__.py": "__version__ = '0.0.1'\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: flash_attn\nVersion: 0.0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / name, "w") as zf:
+        for member, text in files.items():
+            zf.writestr(member, text)
+    return folder / name
+
+
+def test_a_wheel_is_staged_for_nodes_without_internet(tmp_path: Path) -> None:
+    """A local wheel and a URL of one are copied into ``<cache>/wheels/``, recorded in
+    the manifest, skipped the second time, and pip installs the staged file offline as
+    docs/workflow.md says (``pip install --no-index <cache>/wheels/flash_attn-*.whl``)."""
+    wheel = _wheel(tmp_path / "built")
+    cache = tmp_path / "cache"
+    spec = StageSpec.from_dict({"wheels": {"flash-attn": str(wheel)}})
+    manifest = stage(spec, cache)
+    staged = cache / "wheels" / wheel.name
+    assert staged.read_bytes() == wheel.read_bytes()
+    [entry] = manifest["entries"]
+    assert (entry["wheel"], entry["source"], entry["path"], entry["files"], entry["bytes"]) == (
+        "flash-attn", str(wheel), str(staged), 1, wheel.stat().st_size)
+    assert stage(spec, cache) == manifest
+    from_url = stage(StageSpec.from_dict({"wheels": {"flash_attn": wheel.as_uri()}}),
+                     tmp_path / "cache2")
+    assert Path(from_url["entries"][0]["path"]).read_bytes() == wheel.read_bytes()
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index",
+                    "--disable-pip-version-check", "--target", str(site),
+                    *map(str, (cache / "wheels").glob("flash_attn-*.whl"))],
+                   check=True, capture_output=True)
+    assert (site / "flash_attn/__init__.py").read_text() == "__version__ = '0.0.1'\n"
+
+
+def test_a_bad_wheel_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'flash.tar.gz' is not a wheel file"):
+        StageSpec.from_dict({"wheels": {"flash_attn": "flash.tar.gz"}})
+    with pytest.raises(ValueError, match=r"torch-2.13.0-cp311-cp311-linux_x86_64.whl is a "
+                                         r"wheel of 'torch'"):
+        StageSpec.from_dict({"wheels": {"flash_attn": "torch-2.13.0-cp311-cp311-linux_x86_64.whl"}})
+    missing = tmp_path / "flash_attn-0.0.1-py3-none-any.whl"
+    with pytest.raises(FileNotFoundError, match="wheel flash_attn: no file"):
+        stage(StageSpec.from_dict({"wheels": {"flash_attn": str(missing)}}), tmp_path / "c")
+    missing.write_text("<html>404</html>")  # what a wrong URL answers
+    with pytest.raises(ValueError, match=r"is not a wheel \(no \*.dist-info/WHEEL"):
+        stage(StageSpec.from_dict({"wheels": {"flash_attn": str(missing)}}), tmp_path / "c")
+    assert not list((tmp_path / "c/wheels").glob("*.whl"))  # never left for pip to find
 
 
 def staged_config(cache: Path, name: str) -> DataConfig:
