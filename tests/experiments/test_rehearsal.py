@@ -113,6 +113,10 @@ def test_ci_slice_trains_on_two_nodes_and_evaluates_through_sbatch(
         assert scored["metrics"], benchmark
     staged = json.loads((work / "site_cache" / "STAGED.json").read_text())
     assert "liuhaotian/LLaVA-Instruct-150K" in {e.get("repo") for e in staged["entries"]}
+    # MMLU (scored above) was read from a folder staged as snapshot_download stages the hub's
+    mmlu = work / "site_cache/datasets/cais/mmlu"
+    assert {".cache", "all", "auxiliary_train"} <= {p.name for p in mmlu.iterdir()}
+    assert (mmlu / ".cache/huggingface/.gitignore").is_file()
 
 
 # Far from done when its first checkpoint appears: 32 training samples at Standard's one
