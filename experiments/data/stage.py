@@ -20,10 +20,9 @@ paths only. Two sources share every step but the fetch:
   ``<mirror>/datasets/<org>/<name>`` and ``<mirror>/urls/<archive file name>`` (what
   ``experiments.rehearsal.hub_mirror`` writes), copied with the *same* allow/ignore
   patterns through the hub client's own matcher, and recorded in the same
-  ``.cache/huggingface/`` bookkeeping that ``snapshot_download(local_dir=...)`` leaves in
-  each repository folder (``.gitignore``, ``CACHEDIR.TAG``, ``download/<path>.metadata``
-  and ``.lock``), so a staged folder holds the same whatever its source; readers of staged
-  folders skip hidden paths.
+  ``.cache/huggingface/`` records that ``snapshot_download(local_dir=...)`` leaves in
+  each repository folder (`experiments.data.hub_records`), so a staged folder holds the
+  same whatever its source; readers of staged folders skip hidden paths.
 
 Contracts: every dataset allow pattern must match at least one file (a typo or a renamed
 hub file fails here, naming the repository and the pattern, not on a compute node);
@@ -55,7 +54,6 @@ already).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -67,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from experiments.data.hub_records import write_records
+
 MARKER = ".staged.json"
 MANIFEST = "STAGED.json"
 WHEELS = "wheels"
@@ -74,10 +74,6 @@ WHEELS = "wheels"
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja")
 MODEL_REQUIRED = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 _HIDDEN = (".cache/", MARKER)  # snapshot_download's metadata folder and our marker
-# The mirror fetch records its files through the hub client's private writer of
-# snapshot_download's bookkeeping (no public API writes it), tracked at this version:
-# requirements/artifact.txt pins it, and `hub_bookkeeping` refuses any other.
-HUB_CLIENT_VERSION = "2.4.0"
 RepoKind = Literal["model", "dataset"]
 
 
@@ -225,46 +221,14 @@ def mirror_fetcher(mirror: Path) -> Callable[[RepoSpec, Path], None]:
         if not root.is_dir():
             raise FileNotFoundError(f"{spec.repo}: the mirror has no folder {root}; build it "
                                     f"with python -m experiments.rehearsal.hub_mirror")
-        files = selected(_tree(root), spec)
+        tree = _tree(root)
+        files = selected(tree, spec)
         for rel in files:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / rel, dest / rel)
-        hub_bookkeeping(dest, files)
+        write_records(root, tree, dest, files)
 
     return fetch
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def hub_bookkeeping(dest: Path, files: list[str]) -> None:
-    """Write the ``.cache/huggingface/`` records ``snapshot_download(local_dir=dest)``
-    leaves for ``files``, by the hub client's own writer. A mirror has no git: each
-    file's etag is its sha256 (the hub's etag of an LFS file) and the commit a sha1 of
-    the files' paths and etags.
-
-    Raises:
-        RuntimeError: the installed huggingface_hub is not `HUB_CLIENT_VERSION`.
-    """
-    import huggingface_hub
-    from huggingface_hub._local_folder import write_download_metadata
-
-    if huggingface_hub.__version__ != HUB_CLIENT_VERSION:
-        raise RuntimeError(
-            f"experiments.data.stage writes snapshot_download's .cache/huggingface records "
-            f"through huggingface_hub's private _local_folder.write_download_metadata as of "
-            f"version {HUB_CLIENT_VERSION}, but {huggingface_hub.__version__} is installed; "
-            f"install requirements/artifact.txt's pin, or check that writer in the new "
-            f"version and update HUB_CLIENT_VERSION and the pins together")
-    etags = {rel: _sha256(dest / rel) for rel in files}
-    commit = hashlib.sha1("".join(f"{r} {e}\n" for r, e in etags.items()).encode()).hexdigest()
-    for rel, etag in etags.items():
-        write_download_metadata(dest, rel, commit_hash=commit, etag=etag)
 
 
 def _tree(root: Path) -> list[str]:

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from eval import mmlu, mmmu_data
+from experiments.data.hub_records import HUB_CLIENT_VERSION, write_records
 from experiments.data.pipeline import DataConfig, PreprocessedDataset, data_files
-from experiments.data.stage import HUB_CLIENT_VERSION, RepoSpec, StageSpec, check_repo, stage
+from experiments.data.stage import RepoSpec, StageSpec, check_repo, stage
 from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
 
 RECORDS = 20
@@ -86,36 +87,55 @@ def test_stage_copies_exactly_the_selected_files(cache: Path) -> None:
     assert [e["repo"] for e in manifest["entries"][:2]] == PAPER_SPEC["models"]
 
 
-def test_mirror_staging_leaves_the_hub_clients_bookkeeping(cache: Path) -> None:
+def test_mirror_staging_leaves_the_hub_clients_records(cache: Path) -> None:
     """Each staged repository holds the ``.cache/huggingface/`` that ``snapshot_download(
-    local_dir=...)`` leaves: one metadata record (commit, etag, time) and lock per file."""
+    local_dir=...)`` leaves: the repository's tree listing at its commit, and per staged
+    file a metadata record (commit, etag, time) and its lock, which the hub client itself
+    reads back as up to date; staging's own listing and the manifest skip them."""
+    from huggingface_hub._local_folder import read_download_metadata
+    from huggingface_hub._tree_cache import read_tree_cache
+
     manifest = json.loads((cache / "STAGED.json").read_text())
     for entry in (e for e in manifest["entries"] if "repo" in e):
-        repo = Path(entry["path"])
+        repo, source = Path(entry["path"]), Path(entry["from"])
         hub = repo / ".cache/huggingface"
         assert (hub / ".gitignore").read_text() == "*"
         assert (hub / "CACHEDIR.TAG").read_text().startswith("Signature: ")
+        [listing] = (hub / "trees").iterdir()
+        commit = listing.stem
+        assert set(read_tree_cache(str(hub), commit)) == _files(source)  # the whole repo
         files = _files(repo)
-        assert len(files) == entry["files"]
-        download = hub / "download"
-        assert _files(download) == {f"{f}.{ext}" for f in files for ext in ("metadata", "lock")}
+        assert len(files) == entry["files"] and files <= _files(source)
+        assert _files(hub / "download") == {f"{f}.{x}" for f in files for x in ("metadata", "lock")}
         for f in files:
-            commit, etag, when = (download / f"{f}.metadata").read_text().splitlines()
-            assert len(commit) == 40 and float(when) > 0
-            assert etag == hashlib.sha256((repo / f).read_bytes()).hexdigest()
+            data = (repo / f).read_bytes()
+            etag = (hashlib.sha256(data).hexdigest() if f.endswith((".parquet", ".safetensors"))
+                    else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+            record = read_download_metadata(repo, f)
+            assert (record.commit_hash, record.etag) == (commit, etag), f
         spec = RepoSpec(entry["repo"], entry["kind"], tuple(entry["allow"]),
                         tuple(entry["ignore"]))
-        assert set(check_repo(spec, repo, "staged")) == files  # the bookkeeping is no data
+        assert set(check_repo(spec, repo, "staged")) == files
 
 
-def test_the_hub_client_is_the_version_the_bookkeeping_tracks() -> None:
-    """The mirror's bookkeeping goes through a private writer of huggingface_hub: a new
-    version must be checked and pinned (requirements/artifact.txt) before it is used."""
+def test_the_hub_client_is_the_version_the_records_track() -> None:
+    """The mirror's records go through private writers of huggingface_hub: a new version
+    must be checked and pinned (requirements/artifact.txt) before it is used."""
     import huggingface_hub
 
     pins = (Path(__file__).resolve().parents[2] / "requirements/artifact.txt").read_text()
     assert f"huggingface_hub=={HUB_CLIENT_VERSION}" in pins.splitlines()
     assert huggingface_hub.__version__ == HUB_CLIENT_VERSION
+
+
+def test_another_hub_client_version_is_refused(monkeypatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "__version__", "9.9.9")
+    with pytest.raises(RuntimeError, match=rf"as of version {HUB_CLIENT_VERSION}, but 9.9.9 "
+                                           r"is installed; install requirements/artifact"):
+        write_records(tmp_path, [], tmp_path, [])
+    assert not (tmp_path / ".cache").exists()
 
 
 def test_staging_twice_does_nothing(cache: Path, mirror: Path, capsys) -> None:
