@@ -156,16 +156,36 @@ def _refusals(rank: int, world_size: int) -> list[str]:
         fsdp.gradient_divisor(partial)
     except ValueError as error:
         found.append(str(error))
-    return found
+    return found + [_tensor_parallel_refusal(world_size)]
+
+
+def _tensor_parallel_refusal(world_size: int) -> str:
+    """A model sharded over a mesh dimension of size 1 beside a second one (as if for
+    tensor parallelism): its data-parallel size is 1, the loader's W is 2."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("other", "dp"))
+    model = _sharded(tiny_model(), mesh=mesh["dp"])
+    loader = odb.ODBLoader(TokenDataset(*DATA), token_budget=96, collate_mode="thread")
+    loader.set_epoch(0)
+    windows = fsdp.windows(model, loader)
+    try:
+        next(windows)
+    except ValueError as error:
+        return str(error)
+    finally:
+        windows.close()
+    return "not refused"
 
 
 def test_what_it_cannot_drive_is_refused_by_name() -> None:
     found = run_ranks(_refusals, 2, timeout=120)[0]
-    assert len(found) == 4, found
+    assert len(found) == 5, found
     assert "no fully_shard state" in found[0]
     assert "set_gradient_divide_factor on every fully_shard module" in found[1]
     assert "set_all_reduce_hook" in found[2]
     assert "outside every fully_shard group" in found[3]
+    assert "data-parallel size is 1 but the loader runs on 2 ranks" in found[4]
 
 
 def _reductions(rank: int, world_size: int) -> list[list[GroupReduction]]:
