@@ -175,6 +175,9 @@ def load_checkpoint(
     Returns:
         The saved epoch, to continue (``loader.set_epoch`` with it resumes mid-epoch).
 
+    Raises:
+        FileNotFoundError: ``folder`` holds no complete checkpoint.
+
     Example:
         >>> epoch = load_checkpoint("ckpt/step_100", model, optimizer, loader)  # doctest: +SKIP
     """
@@ -182,6 +185,12 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     folder = Path(folder)
+    if not (folder / MODEL_DIR / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"{folder} is no complete checkpoint: {folder / MODEL_DIR / '.metadata'} is missing "
+            "(save_checkpoint writes it last; a run killed while saving leaves none); "
+            "load the checkpoint before it"
+        )
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     load(state, checkpoint_id=folder / MODEL_DIR)

@@ -9,6 +9,7 @@ mean over all ranks' samples of the window (fp64 model, ``TOLERANCE``; bf16:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,3 +205,50 @@ def test_the_private_fsdp_state_it_reads_is_still_there() -> None:
     assert [r.divisor for r in plain] == [2.0] * layers
     assert hsdp == [GroupReduction(1, 2, 4.0, False)] * layers
     assert divisor == (2, 4.0)
+
+
+def _full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    return {"model": model_state, "optimizer": optim_state.get("state", {})}  # empty off rank 0
+
+
+def _save_or_load(rank: int, world_size: int, folder: str, save: bool) -> dict[str, Any]:
+    """Save after one AdamW window (W=2), or load into a fresh model and optimizer."""
+    model = _sharded(tiny_model())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = odb.ODBLoader(TokenDataset(*DATA), token_budget=96, grad_accum_steps=3,
+                           collate_mode="thread", seed=1)  # fmt: skip
+    if not save:
+        epoch = fsdp.load_checkpoint(folder, model, optimizer, loader)
+        return {"epoch": epoch, "state": _full_state(model, optimizer)}
+    loader.set_epoch(0)
+    windows = fsdp.windows(model, loader)
+    for batch, info in next(windows):
+        model(**batch, num_items_in_batch=info.loss_normalizer).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    fsdp.save_checkpoint(folder, model, optimizer, loader)
+    windows.close()
+    return {"state": _full_state(model, optimizer)}
+
+
+def test_a_checkpoint_loads_resharded_at_another_world_size(tmp_path: Path) -> None:
+    """Saved at W=2, loaded at W=3: the same full model and AdamW state, the saved epoch;
+    a folder without DCP's metadata (a save killed half-way) is refused by name."""
+    folder = str(tmp_path / "ckpt")
+    saved = run_ranks(_save_or_load, 2, folder, True, timeout=120)[0]["state"]
+    loaded = run_ranks(_save_or_load, 3, folder, False, timeout=120)
+    assert [r["epoch"] for r in loaded] == [0, 0, 0]
+    for name, value in saved["model"].items():
+        assert torch.equal(loaded[0]["state"]["model"][name], value), name
+    moments = loaded[0]["state"]["optimizer"]
+    assert saved["optimizer"] and saved["optimizer"].keys() == moments.keys()
+    for name, saved_moments in saved["optimizer"].items():
+        for key, value in saved_moments.items():
+            assert torch.equal(moments[name][key], value), (name, key)
+    (tmp_path / "ckpt" / "model" / ".metadata").unlink()
+    with pytest.raises(AssertionError, match="no complete checkpoint"):
+        run_ranks(_save_or_load, 2, folder, False, timeout=120)
