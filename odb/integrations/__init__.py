@@ -13,6 +13,10 @@ when its adapter module is:
 - :mod:`odb.integrations.deepspeed`: ``windows`` for a DeepSpeed engine loop.
 - :mod:`odb.integrations.ddp`: ``windows`` for a plain ``DistributedDataParallel`` loop
   (torch-only).
+- :mod:`odb.integrations.fsdp`: ``windows`` for a ``fully_shard`` (FSDP2) loop, and
+  ``save_checkpoint`` / ``load_checkpoint``: the sharded model and optimizer through
+  ``torch.distributed.checkpoint`` beside every rank's loader piece (torch-only; the
+  one reader of FSDP's private state is ``_fsdp_state``).
 
 Shared, torch-only pieces: :mod:`odb.integrations.window` (gradient-accumulation windows
 of a loader, the step info popped) and :mod:`odb.integrations.schedule` (a learning-rate

@@ -21,7 +21,7 @@ import torch
 
 from odb.integrations.window import Window, adapt_windows, to_device
 
-__all__ = ["AccelerateWindow", "prepare", "windows"]
+__all__ = ["AccelerateWindow", "check_distributed_type", "prepare", "windows"]
 
 # Where ``no_sync`` plus one backward per micro-step is the whole gradient contract.
 _SUPPORTED = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_MUSA")
@@ -31,8 +31,8 @@ def check_accelerator(accelerator: Any) -> None:
     """Refuse an Accelerator whose settings would change ODB's exact loss.
 
     Raises:
-        ValueError: ``gradient_accumulation_steps`` != 1, or a distributed type (DeepSpeed,
-            FSDP, Megatron, XLA) whose gradient handling this helper does not drive.
+        ValueError: ``gradient_accumulation_steps`` != 1, or a distributed type this
+            helper does not drive (:func:`check_distributed_type`).
     """
     if accelerator.gradient_accumulation_steps != 1:
         raise ValueError(
@@ -41,7 +41,27 @@ def check_accelerator(accelerator: Any) -> None:
             "window; create the Accelerator with gradient_accumulation_steps=1 and set "
             "the loader's grad_accum_steps instead"
         )
-    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    check_distributed_type(accelerator.distributed_type)
+
+
+def check_distributed_type(distributed_type: Any) -> None:
+    """Refuse a distributed type (DeepSpeed, FSDP, Megatron, XLA) whose gradient handling
+    this helper does not drive, naming the helper that does.
+
+    FSDP is refused because its reduction divides by a factor ``no_sync`` and
+    ``accelerator.backward`` know nothing of; :mod:`odb.integrations.fsdp` reads it.
+
+    Example:
+        >>> check_distributed_type("MULTI_CPU")  # passes; "FSDP" raises ValueError
+    """
+    kind = str(getattr(distributed_type, "value", distributed_type))
+    if kind == "FSDP":
+        raise ValueError(
+            "distributed_type FSDP (an Accelerate FSDP plugin) is not supported by "
+            "odb.integrations.accelerate; shard the model with torch's "
+            "torch.distributed.fsdp.fully_shard and train it with odb.integrations.fsdp "
+            "(its windows keep the loss exact under FSDP's gradient divide factor)"
+        )
     if kind not in _SUPPORTED:
         raise ValueError(
             f"distributed_type {kind} is not supported by odb.integrations.accelerate "

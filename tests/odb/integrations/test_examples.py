@@ -1,7 +1,7 @@
 """The plain loop and the HF Trainer examples on 2 CPU ranks: the plain loop gives both
 ranks the same number of steps and trains every sample once; the Trainer logs finite
-step losses whose mean is its train_loss. The Accelerate and DeepSpeed examples run in
-``test_loop_resume.py``, which checks their guarantees over a checkpoint and resume."""
+step losses whose mean is its train_loss. The Accelerate, DeepSpeed and FSDP examples run
+in ``test_loop_resume.py``, which checks their guarantees over a checkpoint and resume."""
 
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
-"""The Accelerate and DeepSpeed (ZeRO-2) examples on 2 CPU ranks, each run as a user runs
+"""The Accelerate, DeepSpeed (ZeRO-2) and FSDP2 examples on CPU ranks, each run as a user runs
 it: a checkpoint taken at a window boundary mid-epoch (model or engine, plus every rank's
 own loader piece), then a fresh run that resumes from it. Together the two runs show the
 examples' guarantees: the same windows on both ranks, every sample of the epoch trained
 exactly once, the first window's update (SGD at lr 1) equal to one process's per-token-
 mean gradient over its samples, and the progress-driven rate carried on from the
-checkpoint to 0 at the epoch's end. DeepSpeed builds no C++ extension on the way."""
+checkpoint to 0 at the epoch's end. DeepSpeed builds no C++ extension on the way. The
+FSDP2 example trains two epochs and resumes its sharded checkpoint at W=2 and at W=3."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,13 +27,15 @@ SAMPLES = 64  # the examples' default
 STOP = 2  # windows before the checkpoint (an epoch of 64 samples has more)
 
 
-def _run(script: str, record: Path, env: dict[str, str], *args: str) -> list[dict]:
+def _run(
+    script: str, record: Path, env: dict[str, str], *args: str, world_size: int = 2
+) -> list[dict]:
     code, out, err = run_torchrun(
-        EXAMPLES / script, 2, ["--record", str(record), "--lr", "1", *args], timeout=240,
-        env=ENV | env,
-    )
+        EXAMPLES / script, world_size, ["--record", str(record), "--lr", "1", *args],
+        timeout=240, env=ENV | env,
+    )  # fmt: skip
     assert code == 0, out[-2000:] + err[-4000:]
-    return [json.loads((record / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((record / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
 def _tiny():
@@ -90,3 +94,39 @@ def test_mid_epoch_checkpoint_resumes_exactly_once(script: str, tmp_path: Path) 
     assert [r["lr_end"] for r in resumed] == [0.0, 0.0]
     _assert_first_update_is_the_gradient([r["windows"] for r in first],
                                          tmp_path / "first" / "step1.pt")
+
+
+@pytest.mark.time_budget(120, reason="three launches of the example: W=2, resumed at W=2 and W=3")
+def test_fsdp_sharded_checkpoint_resumes_exactly_once_at_another_world_size(
+    tmp_path: Path,
+) -> None:
+    """Two epochs at W=2, a checkpoint mid-way through the first; resumed at W=2 and at
+    W=3 from the same folder, each finishes both epochs with every sample once per epoch,
+    the resharded model is the saved one and the rate carries on."""
+    ckpt, args = tmp_path / "ckpt", ("--epochs", "2")
+    first = _run("fsdp_loop.py", tmp_path / "first", {}, *args, "--checkpoint", str(ckpt),
+                 "--stop-after", str(STOP))  # fmt: skip
+    assert [len(r["windows"]) for r in first] == [STOP, STOP]
+    assert sorted(p.name for p in (ckpt / "loader").iterdir()) == ["rank0.pt", "rank1.pt"]
+    _assert_first_update_is_the_gradient([r["windows"] for r in first],
+                                         tmp_path / "first" / "step1.pt")  # fmt: skip
+    for world_size in (2, 3):
+        resumed = _run("fsdp_loop.py", tmp_path / f"resumed{world_size}", {}, *args,
+                       "--checkpoint", str(ckpt), "--resume", world_size=world_size)  # fmt: skip
+        assert len({json.dumps([w["micro"] for w in r["windows"]]) for r in resumed}) == 1
+        for epoch in (0, 1):  # every sample exactly once per epoch, over the two runs
+            ids = [i for run in (first, resumed) for r in run for w in r["windows"]
+                   if w["epoch"] == epoch for i in w["ids"]]  # fmt: skip
+            assert sorted(ids) == list(range(SAMPLES)), (world_size, epoch)
+        # DCP resharded the saved model onto W ranks: the same full parameters.
+        for r in resumed:
+            assert r["resumed_norm"] == pytest.approx(first[0]["saved_norm"], rel=1e-12)
+        windows = resumed[0]["windows"]
+        assert windows[0]["epoch"] == 0  # the checkpoint was mid-epoch
+        assert windows[0]["lr"] == pytest.approx(first[0]["lr_end"])
+        rates = [w["lr"] for w in first[0]["windows"] + windows]
+        assert rates == sorted(rates, reverse=True) and resumed[0]["lr_end"] == 0.0
+        losses = {e: [w["loss"] for w in first[0]["windows"] + windows if w["epoch"] == e]
+                  for e in (0, 1)}  # fmt: skip
+        assert all(math.isfinite(x) for e in (0, 1) for x in losses[e])
+        assert sum(losses[1]) / len(losses[1]) < sum(losses[0]) / len(losses[0])
