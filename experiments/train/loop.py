@@ -44,6 +44,12 @@ class Counters:
     throughput measurement per epoch that ran whole in one segment (``epoch``,
     ``wall_s``, ``samples``, ``steps``, ``data_wait_s``; ``round_ms``, the loader's mean
     alignment round, from loaders that align; rank 0's clock).
+
+    Checkpoint writes are timed apart (``checkpoints``, ``checkpoint_s``; per epoch too)
+    and left out of ``train_wall_s`` and every epoch's ``wall_s``: a method that takes
+    more optimizer steps saves more often, and its rate must not pay for that. The
+    count includes the save a resumed run started from; its seconds were not yet known
+    when it was written.
     """
 
     epoch: int = 0
@@ -54,6 +60,8 @@ class Counters:
     real_tokens: int = 0
     padded_tokens: int = 0
     train_wall_s: float = 0.0
+    checkpoints: int = 0
+    checkpoint_s: float = 0.0
     data_wait_s: float = 0.0
     loss_curve: list[dict[str, float]] = field(default_factory=list)
     segments: int = 0
@@ -122,6 +130,7 @@ class TrainLoop:
         self.curves = curves
         self._pending: list[_Pending] = []
         self._started = time.perf_counter()
+        self._segment_checkpoint_s = 0.0  # this segment's checkpoint writes, off the clock
 
     def schedule_state(self) -> dict[str, float]:
         """The schedule's position, for the checkpoint (the rate follows from it)."""
@@ -133,7 +142,8 @@ class TrainLoop:
         """Train until the last epoch ends or ``max_steps`` optimizer steps are done."""
         self.c.segments += 1
         _barrier()  # every rank starts the clock together
-        self._started = started = time.perf_counter()
+        self._started = time.perf_counter()
+        self._segment_checkpoint_s = 0.0
         try:
             while self.c.epoch < self.epochs and not self._step_limit():
                 self._epoch(self.c.epoch)
@@ -143,8 +153,12 @@ class TrainLoop:
                 self._advance(1.0)
         finally:
             self._flush_steps()
-            self.c.train_wall_s += time.perf_counter() - started
+            self.c.train_wall_s += self._training_s()
         return self.c
+
+    def _training_s(self) -> float:
+        """This segment's wall time so far, its checkpoint writes left out."""
+        return time.perf_counter() - self._started - self._segment_checkpoint_s
 
     def _step_limit(self) -> bool:
         return bool(self.max_steps) and self.c.optimizer_steps >= self.max_steps
@@ -154,7 +168,7 @@ class TrainLoop:
             self.dataset.set_epoch(epoch)
         self.loader.set_epoch(epoch)
         windows = self.strategy.windows(self.loader)
-        started, before = time.perf_counter(), replace(self.c)
+        started, before = self._training_s(), replace(self.c)
         first, cut = None, False  # the progress the epoch started from; the step limit hit
         try:
             for window in windows:
@@ -167,7 +181,7 @@ class TrainLoop:
         finally:
             windows.close()  # stop the loader's workers if the step limit cut the epoch short
         if first == 0.0 and not cut:  # the whole epoch ran in this segment: one measurement
-            self.c.epoch_timings.append(self._timing(epoch, time.perf_counter() - started, before))
+            self.c.epoch_timings.append(self._timing(epoch, self._training_s() - started, before))
 
     def _timing(self, epoch: int, wall_s: float, before: Counters) -> dict[str, Any]:
         """One epoch's measurement (see ``Counters``): its wall time, what it emitted, the
@@ -176,7 +190,9 @@ class TrainLoop:
             "epoch": epoch, "wall_s": round(wall_s, 4),
             "samples": self.c.samples - before.samples,
             "steps": self.c.loader_steps - before.loader_steps,
-            "data_wait_s": round(self.c.data_wait_s - before.data_wait_s, 4)}
+            "data_wait_s": round(self.c.data_wait_s - before.data_wait_s, 4),
+            "checkpoints": self.c.checkpoints - before.checkpoints,
+            "checkpoint_s": round(self.c.checkpoint_s - before.checkpoint_s, 4)}
         round_ms = self.loader.stats().get("mean_round_ms")
         if round_ms is not None:
             timing["round_ms"] = round(float(round_ms), 3)
@@ -214,12 +230,20 @@ class TrainLoop:
             self._flush_steps()
             self._log()
         if self.save_every and self.c.optimizer_steps % self.save_every == 0:
-            self._flush_steps()  # the checkpoint's loss curve is complete up to here
-            if self.curves is not None:
-                self.curves.flush()  # and so are the event files, should the run be killed
-            elapsed = time.perf_counter() - self._started
-            self.save(replace(self.c, train_wall_s=self.c.train_wall_s + elapsed,
-                              loss_curve=list(self.c.loss_curve)), self.schedule_state())
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Save (collective), timed apart from training (see ``Counters``)."""
+        self._flush_steps()  # the checkpoint's loss curve is complete up to here
+        if self.curves is not None:
+            self.curves.flush()  # and so are the event files, should the run be killed
+        self.c.checkpoints += 1
+        started = time.perf_counter()
+        self.save(replace(self.c, train_wall_s=self.c.train_wall_s + self._training_s(),
+                          loss_curve=list(self.c.loss_curve)), self.schedule_state())
+        seconds = time.perf_counter() - started
+        self.c.checkpoint_s += seconds
+        self._segment_checkpoint_s += seconds
 
     def _count(self, batch: dict[str, Any], info: odb.StepInfo) -> None:
         self.c.loader_steps += 1
@@ -259,7 +283,7 @@ class TrainLoop:
 
     def _log(self) -> None:
         point = self.c.loss_curve[-1]
-        wall = max(self.c.train_wall_s + time.perf_counter() - self._started, 1e-9)
+        wall = max(self.c.train_wall_s + self._training_s(), 1e-9)
         rate, tokens = self.c.samples / wall, self.c.real_tokens / wall
         line = (f"step {self.c.optimizer_steps} epoch {self.c.epoch} "
                 f"loss {point['loss']:.4f} lr {point['lr']:.3g} samples/s {rate:.2f} "

@@ -58,8 +58,8 @@ def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: 
 
 @pytest.mark.parametrize("method", ["standard", "odb"])
 def test_standard_and_odb_train_whole_epochs_with_ddp(method: str, whole_run) -> None:
-    """Two whole epochs: each reads every training record exactly once, is timed, and
-    the held-out records are scored."""
+    """Two whole epochs: each reads every training record exactly once, is timed (its
+    checkpoints apart), and the held-out records are scored."""
     out, result = whole_run(method)
     rows = _check_ddp_result(result, out, method)
     for epoch in (0, 1):
@@ -67,6 +67,9 @@ def test_standard_and_odb_train_whole_epochs_with_ddp(method: str, whole_run) ->
         assert ids == list(range(WHOLE_TRAIN_SAMPLES)), f"epoch {epoch}"
     assert [t["epoch"] for t in result["epoch_timings"]] == [0, 1]
     assert result["validation"]["samples"] == 8 and result["validation"]["loss"] > 0
+    # save_every 1: a checkpoint per optimizer step, timed apart from training
+    assert result["checkpoints"] == result["optimizer_steps"] > 0 < result["checkpoint_s"]
+    assert sum(t["checkpoints"] for t in result["epoch_timings"]) == result["checkpoints"]
 
 
 # The method x (mode, strategy) product would repeat code paths: LoRA is the same
