@@ -72,7 +72,7 @@ def train_command(method: str, args: argparse.Namespace, source: Path, assets: P
         overrides.append(f"model.path={assets}/model")
     if args.device == "cpu":
         overrides += ["model.dtype=float32", "model.gradient_checkpointing=false",
-                      "method.num_workers=1"]
+                      "method.num_workers=1", "strategy.device=auto"]
     if method == "standard":
         overrides.append("method.baseline.batch_size=1")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",

@@ -46,6 +46,7 @@ SOURCES = {
     "prefetch_factor": "recipe: 512 (ODB); ours 16 per worker (config/paper.yaml: why)",
     "dtype": "paper: bf16",
     "strategy": "paper: DeepSpeed ZeRO-2",
+    "device": "ours: cuda, a job without its GPUs exits before training",
 }
 
 # Samples/s the paper publishes (ODB README "Benchmarks And Paper"), by (dataset, model,
@@ -98,6 +99,7 @@ def cell_settings(grid: Grid, name: str) -> dict[str, Any]:
         "nodes": cell.nodes, "gpus_per_node": model["gpus_per_node"],
         "ranks_per_node": model["procs_per_node"], "save_every": cfg.run.save_every,
         "seed": cfg.run.seed, "dtype": cfg.model.dtype, "strategy": cfg.strategy.name,
+        "device": cfg.strategy.device,
         "prefetch_factor": cfg.method.odb.get("prefetch_factor") if cfg.method.name == "odb"
         else None,
         "max_samples": cfg.data.max_samples, "holdout_samples": cfg.data.holdout_samples,

@@ -243,6 +243,8 @@ class StrategyConfig:
         name: ``ddp`` (``DistributedDataParallel``) or ``deepspeed`` (ZeRO).
         zero_stage: DeepSpeed ZeRO stage (0-2; the paper used 2).
         backend: Process-group backend; ``auto`` takes NCCL on GPU, Gloo on CPU.
+        device: ``cuda``: the run needs a GPU per local rank and refuses to start
+            without (`experiments.train.hardware`); ``auto``: GPUs when visible, else CPU.
         find_unused_parameters: Force DDP's unused-parameter search. It is on anyway
             when the vision tower trains (a text-only batch leaves it unused).
         timeout_s: Trainer process-group timeout.
@@ -255,6 +257,7 @@ class StrategyConfig:
     name: Literal["ddp", "deepspeed"] = "ddp"
     zero_stage: int = 2
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    device: Literal["auto", "cuda"] = "auto"
     find_unused_parameters: bool = False
     timeout_s: float = 1800.0
 

@@ -51,6 +51,7 @@ from experiments.data.pipeline import PreprocessedDataset, collate
 from experiments.train import checkpoint as ckpt
 from experiments.train.config import ConfigError, TrainConfig, load_config
 from experiments.train.curves import CURVES_DIR, Curves
+from experiments.train.hardware import check_machine
 from experiments.train.loop import Counters, TrainLoop
 from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
 from experiments.train.result import build_result, peak_memory, validate_result
@@ -301,6 +302,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     preflight(cfg)
+    check_machine(cfg.strategy.device, cfg.model.attn_implementation)
     out_dir = Path(cfg.run.out_dir)
     resume_from, note = resolve_resume(args.resume, out_dir, cfg)
     started = datetime.now(UTC).isoformat(timespec="seconds")

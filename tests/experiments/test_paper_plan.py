@@ -42,6 +42,7 @@ EXPECTED: dict[str, tuple[Any, str]] = {
     "save_every": (500, "ours: preemption safety, timed apart"),
     "dtype": ("bfloat16", "paper: bf16"),
     "strategy": ("deepspeed", "paper: DeepSpeed ZeRO-2"),
+    "device": ("cuda", "ours: a job without its GPUs exits before training"),
     "max_samples": (0, "paper: every record"),
     "holdout_samples": (1000, "ours: a seeded 1000-record validation split"),
     "prefetch_factor": (lambda r: None if r["method"] != "odb" else

@@ -123,7 +123,7 @@ def test_ci_slice_trains_on_two_nodes_and_evaluates_through_sbatch(
 # per rank and step, 16 steps, a checkpoint every 4; 12 steps, 3 checkpoints, the
 # validation and the final save are left when the job is cancelled.
 RESUMABLE = {"train": {"max_samples": {"ultrachat": RECORDS}, "overrides": [
-    "model.dtype=float32", "run.save_every=4", "run.record_sample_ids=true",
+    "model.dtype=float32", "strategy.device=auto", "run.save_every=4", "run.record_sample_ids=true",
     "run.keep_checkpoints=20"]}}
 TRAIN_SAMPLES, STEPS = RECORDS - 8, (RECORDS - 8) // 2
 CELL = "ultrachat.standard.2b-full-n1-s0"

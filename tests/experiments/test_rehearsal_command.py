@@ -33,7 +33,8 @@ TARGET = f"results/train/{CELL}/result.json"
 # cache's place (stage.cache), records read and held out (train.max_samples,
 # holdout_samples), fp32 on CPU (train.overrides), ranks per node (train.models), the scale.
 OVERLAY_KEYS = {"data.source", "data.processor", "model.path", "data.max_samples",
-                "data.holdout_samples", "model.dtype", "run.scale", "--nproc_per_node"}
+                "data.holdout_samples", "model.dtype", "strategy.device", "run.scale",
+                "--nproc_per_node"}
 
 
 def _train_command(command: list[str], cwd: Path) -> list[str]:
