@@ -39,7 +39,8 @@ def check_machine(device: str, attn_implementation: str,
     """
     if device == "cuda":
         _check_gpus(local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+    flash = attn_implementation == "flash_attention_2"
+    if flash and importlib.util.find_spec("flash_attn") is None:
         raise HardwareError(
             "model.attn_implementation=flash_attention_2 needs the flash_attn package, which "
             "is not installed here. A GPU node without internet installs the wheel the stage "

@@ -49,7 +49,7 @@ def test_checkpoint_writes_are_counted_and_left_out_of_the_training_clock(
     # Whatever this machine's speed: the training clock holds none of the saves' time,
     # between two saves (the wall clock ran one sleep more than the training clock) and
     # over the run.
-    for (clock_a, trained_a), (clock_b, trained_b) in zip(saves, saves[1:]):
+    for (clock_a, trained_a), (clock_b, trained_b) in zip(saves, saves[1:], strict=False):
         assert (clock_b - clock_a) - (trained_b - trained_a) >= SAVE_SLEEP_S
     assert counters.train_wall_s <= total_s - counters.checkpoint_s
     timings = counters.epoch_timings
