@@ -58,32 +58,67 @@ class Heartbeat:
 
 
 class _BeatingGroup(AlignmentGroup):
-    """The alignment group, beating after every completed collective."""
+    """The alignment group, beating after every completed collective.
 
-    def __init__(self, rendezvous: Rendezvous | None, prefix: str, heartbeat: Heartbeat) -> None:
+    A collective is never started once the trainer asked the collate side to stop, and
+    the reads ahead inside a pending one end (:class:`_Stopped`): the stopping rank then
+    leaves the group, which ends its peers' collectives at once (a peer still iterating
+    raises that this rank's collate side is gone, as after any early stop).
+    """
+
+    def __init__(
+        self, rendezvous: Rendezvous | None, prefix: str, heartbeat: Heartbeat, stop: Any
+    ) -> None:
         super().__init__(rendezvous, prefix)
         self.heartbeat = heartbeat
+        self.stop = stop
+
+    def gather_source_rows(self, row: list[int]) -> list[list[int]]:
+        _check_stop(self.stop)
+        rows = super().gather_source_rows(row)
+        self.heartbeat.beat()
+        return rows
 
     def gather_status(
         self, row: list[int], while_waiting: Callable[[], bool] | None = None
     ) -> list[list[int]]:
+        _check_stop(self.stop)
+        if while_waiting is not None:
+            while_waiting = _unless_stopped(self.stop, while_waiting)
         rows = super().gather_status(row, while_waiting)
         self.heartbeat.beat()
         return rows
 
     def sum_counts(self, counts: list[int]) -> list[int]:
+        _check_stop(self.stop)
         totals = super().sum_counts(counts)
         self.heartbeat.beat()
         return totals
 
     def gather_indices(self, mine: list[int]) -> list[list[int]]:
+        _check_stop(self.stop)
         lists = super().gather_indices(mine)
         self.heartbeat.beat()
         return lists
 
 
-def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Iterator[Any]:
+def _unless_stopped(stop: Any, read_ahead: Callable[[], bool]) -> Callable[[], bool]:
+    """``read_ahead``, which reads no more (returns False) once the trainer asked to stop."""
+
+    def reading() -> bool:
+        return not stop.is_set() and read_ahead()
+
+    return reading
+
+
+def _beating(
+    samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob, stop: Any
+) -> Iterator[Any]:
     """The samples, beating on each; names a worker that died mid-transfer.
+
+    Raises :class:`_Stopped` before and after every read once the trainer asked the
+    collate side to stop: a read in progress (the user's ``__getitem__``) is the
+    longest a stop waits for here.
 
     A DataLoader worker killed while it hands over a sample can surface as a bare
     ``EOFError``/``ConnectionError`` (the pipe or the shared-memory handshake breaks
@@ -91,6 +126,7 @@ def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Ite
     wrapped by the DataLoader ("Caught ... in DataLoader worker"), so they pass as is.
     """
     while True:
+        _check_stop(stop)
         try:
             item = next(samples)
         except StopIteration:
@@ -104,6 +140,7 @@ def _beating(samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob) -> Ite
                 "signal)?"
             ) from exc
         heartbeat.beat()
+        _check_stop(stop)
         yield item
 
 
@@ -134,9 +171,9 @@ def collate_main(
         # Workers start (fork) before the group exists, so they hold no copy of its
         # sockets: a dead collate process then closes its connections at once.
         known = set(multiprocessing.active_children())
-        samples = _beating(_open(spec, job), heartbeat, job)
+        samples = _beating(_open(spec, job), heartbeat, job, stop)
         workers = [p for p in multiprocessing.active_children() if p not in known]
-        group = _BeatingGroup(rendezvous, prefix, heartbeat)
+        group = _BeatingGroup(rendezvous, prefix, heartbeat, stop)
         heartbeat.beat()
         result = _run(spec, job, samples, group, heartbeat, _Outbox(out, stop, encoder))
         group.close()
@@ -150,6 +187,10 @@ def collate_main(
     except _Stopped:
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
+        if stop.is_set():
+            # Asked to stop: what failed since (a peer's collective ended by its own
+            # stop) is no news to the trainer, and no failure to note for the peers.
+            return False
         _report(exc, group, _Outbox(out, stop, encoder))
         del exc
         for pid in _killed_children(workers):
@@ -256,6 +297,7 @@ def _run(
         outbox.emit(batch)
 
     def collate_fn(group_samples: list[Any]) -> Any:
+        _check_stop(outbox.stop)
         heartbeat.beat()
         return spec.collate_fn(group_samples)
 
@@ -297,6 +339,12 @@ def _killed_children(children: list[Any]) -> list[int]:
 
 class _Stopped(Exception):
     """The trainer closed the iterator; the collate side ends quietly."""
+
+
+def _check_stop(stop: Any) -> None:
+    """Raise :class:`_Stopped` once the trainer asked the collate side to stop."""
+    if stop.is_set():
+        raise _Stopped
 
 
 def _put(out: Any, message: Any, stop: Any, encoder: PoolWriter | None) -> bool:

@@ -58,7 +58,12 @@ _LIVE_RUNNERS: weakref.WeakSet[CollateRunner] = weakref.WeakSet()
 def _close_live_runners() -> None:
     # Registered after multiprocessing's own exit hook, so it runs first: a collate
     # process still waiting for its trainer would otherwise block interpreter exit.
-    for runner in list(_LIVE_RUNNERS):
+    # All are told first, so their stops overlap (a collate thread's peers stop too);
+    # then each is joined (a thread until it has ended: none may run at finalization).
+    runners = list(_LIVE_RUNNERS)
+    for runner in runners:
+        runner.request_stop()
+    for runner in runners:
         runner.close(timeout_s=1.0)
 
 
@@ -204,12 +209,19 @@ class CollateRunner:
             raise RuntimeError(self._side.death_message())
         return self._handle(message)
 
+    def request_stop(self) -> None:
+        """Ask the collate side to stop now; :meth:`close` then waits for it."""
+        if not self.closed:
+            self._side.request_stop()
+
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the collate side and wait for it; kill it if it does not stop in time.
+        """Stop the collate side and wait for it.
 
         Idempotent: the iterator's cleanup and the exit hook may both call it. A collate
-        thread blocked in a collective cannot be interrupted: it ends when the collective
-        does (at the latest after ``align_timeout_s``).
+        process still running after ``timeout_s`` is terminated, then killed. A collate
+        thread cannot be killed: it is joined until it has ended (after the sample read
+        or collective in progress), with a warning after ``timeout_s`` and at most
+        ``align_timeout_s`` (:meth:`odb._process.trainer_transport.ThreadTransport.close`).
         """
         if self.closed:
             return

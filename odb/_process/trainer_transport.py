@@ -18,7 +18,9 @@ from __future__ import annotations
 import gc
 import os
 import queue
+import sys
 import threading
+import traceback
 import warnings
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Protocol
@@ -65,15 +67,26 @@ class Transport(Protocol):
     def death_message(self) -> str:
         """Why the collate side is gone."""
 
+    def request_stop(self) -> None:
+        """Ask the collate side to stop, without waiting (:meth:`close` waits)."""
+
     def close(self, timeout_s: float) -> None:
-        """Stop it (any epoch in flight too); wait ``timeout_s``, then kill what can be killed.
+        """Stop it (any epoch in flight too) and wait; see each transport for how long.
 
         Called once; a closed transport runs no more epochs.
         """
 
 
 class ThreadTransport:
-    """The collate side in a daemon thread of the trainer, a fresh thread per epoch."""
+    """The collate side in a daemon thread of the trainer, a fresh thread per epoch.
+
+    A stopped thread ends at its next check (before and after every sample it reads,
+    before every collate call and collective, in the reads ahead): after at most one
+    sample's read, or one collective, whose peers end it at once when they stop too.
+    :meth:`close` joins it until it has ended, so no torch work runs in it while the
+    interpreter finalizes (CPython before 3.14 ends a daemon thread that re-takes the
+    GIL then with ``pthread_exit``, which aborts the process inside a torch call).
+    """
 
     def __init__(
         self,
@@ -87,13 +100,16 @@ class ThreadTransport:
         self.heartbeat = Heartbeat(shared=False)
         self._spec, self._rendezvous, self._depth = spec, rendezvous, config.queue_depth
         self._rank = rank
+        self._limit_s = config.align_timeout_s
         self._queue: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def begin(self, job: EpochJob, prefix: str) -> None:
-        # The last epoch's thread may still be leaving (its end is sent): it touches
-        # only its own queue and group, so the new epoch gets new ones.
+        # The last epoch's thread has sent its end and is leaving: join it, so this
+        # transport never has two threads; the new epoch gets a new queue and group.
+        if self._thread is not None:
+            self._thread.join(self._limit_s)
         self._queue = queue.Queue(maxsize=self._depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -124,12 +140,48 @@ class ThreadTransport:
     def death_message(self) -> str:
         return f"{self.where} ended without a word"
 
-    def close(self, timeout_s: float) -> None:
-        # A thread blocked in a collective cannot be interrupted: it ends when the
-        # collective does (at the latest after align_timeout_s).
+    def request_stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the thread and join it until it has ended, at most ``align_timeout_s``.
+
+        A thread cannot be killed: it ends at its next stop check, after the sample
+        read or the collective in progress (``align_timeout_s`` bounds both for the
+        protocol). Still running after ``timeout_s``, a RuntimeWarning shows its stack;
+        after ``align_timeout_s`` close gives up with another: a ``__getitem__`` that
+        never returns keeps the thread, and the interpreter may then abort at exit
+        (SIGABRT) inside it. Process mode can kill such a collate side.
+        """
+        self._stop.set()
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout_s)
+        if thread.is_alive():
+            warnings.warn(
+                f"{self.where} is still running {timeout_s} s after it was asked to stop; "
+                f"waiting for it up to align_timeout_s={self._limit_s} s. It is at:\n"
+                f"{_stack_of(thread)}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            thread.join(self._limit_s)
+        if thread.is_alive():
+            warnings.warn(
+                f"{self.where} did not stop within align_timeout_s={self._limit_s} s (the "
+                "dataset or collate_fn does not return); it is left running, and the "
+                "interpreter may abort at exit. Use collate_mode='process' (a collate "
+                f"process can be killed). It is at:\n{_stack_of(thread)}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _stack_of(thread: threading.Thread) -> str:
+    """The Python stack ``thread`` runs now (empty once it has ended)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
 
 class ProcessTransport:
@@ -227,7 +279,11 @@ class ProcessTransport:
     def death_message(self) -> str:
         return death_message(self.where, self._process.exitcode)
 
+    def request_stop(self) -> None:
+        self._stop.set()
+
     def close(self, timeout_s: float) -> None:
+        """Stop the process: wait ``timeout_s``, then terminate it, then kill it."""
         self._stop.set()
         self._jobs.close()
         process = self._process

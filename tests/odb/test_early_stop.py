@@ -1,0 +1,53 @@
+"""A complete run that stops early ends with exit code 0 (thread mode, W = 1 and 2).
+
+The script (:mod:`tests.odb.early_stop_script`) breaks after two batches of a dataset
+whose samples cost real torch work, then ends. Before the collate thread was stopped
+at every sample and joined until it ended, it was still inside a sample's torch calls
+when the interpreter finalized, and the process aborted ("terminate called without an
+active exception", exit code 134) in every run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dist import run_torchrun
+
+SCRIPT = Path(__file__).with_name("early_stop_script.py")
+ROOT = SCRIPT.parents[2]
+# Each run is a fresh interpreter; a few per variant show the exit is clean every time.
+RUNS = {1: 3, 2: 2}
+
+
+def _check(code: int, out: str, err: str) -> None:
+    assert code == 0, f"exit code {code}\n{err[-3000:]}"
+    assert "terminate called" not in err, err[-3000:]
+    assert "stopped early" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("variant", ["dropped", "held"])
+def test_early_stop_exits_cleanly_at_one_rank(variant: str) -> None:
+    for _ in range(RUNS[1]):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), variant],
+            cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": ""},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        _check(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("variant", ["dropped", "held"])
+def test_early_stop_exits_cleanly_at_two_ranks(variant: str) -> None:
+    for _ in range(RUNS[2]):
+        _check(
+            *run_torchrun(
+                SCRIPT, 2, [variant], timeout=240, env={"PYTHONPATH": str(ROOT)}
+            )
+        )
