@@ -46,8 +46,4 @@ def test_early_stop_exits_cleanly_at_one_rank(variant: str) -> None:
 @pytest.mark.parametrize("variant", ["dropped", "held"])
 def test_early_stop_exits_cleanly_at_two_ranks(variant: str) -> None:
     for _ in range(RUNS[2]):
-        _check(
-            *run_torchrun(
-                SCRIPT, 2, [variant], timeout=240, env={"PYTHONPATH": str(ROOT)}
-            )
-        )
+        _check(*run_torchrun(SCRIPT, 2, [variant], timeout=240, env={"PYTHONPATH": str(ROOT)}))
