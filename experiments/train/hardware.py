@@ -9,7 +9,7 @@ only after the model had loaded.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 
 import torch
@@ -35,18 +35,28 @@ def check_machine(device: str, attn_implementation: str,
 
     Raises:
         HardwareError: CUDA is not visible or has fewer devices than local ranks, or
-            flash-attention is asked for and ``flash_attn`` is not installed.
+            flash-attention is asked for and ``flash_attn`` does not import (not
+            installed, or built for another torch or CUDA).
     """
     if device == "cuda":
         _check_gpus(local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    flash = attn_implementation == "flash_attention_2"
-    if flash and importlib.util.find_spec("flash_attn") is None:
+    if attn_implementation == "flash_attention_2":
+        _check_flash_attn()
+
+
+def _check_flash_attn() -> None:
+    # Imported, not only found: a wheel built for another torch or CUDA is installed
+    # but fails on import (an undefined symbol), which would surface after model load.
+    try:
+        importlib.import_module("flash_attn")
+    except ImportError as err:
         raise HardwareError(
             "model.attn_implementation=flash_attention_2 needs the flash_attn package, which "
-            "is not installed here. A GPU node without internet installs the wheel the stage "
-            "target copied (stage.spec.wheels in config/paper.yaml): pip install --no-index "
+            f"does not import here ({err}). A GPU node without internet installs the wheel "
+            "the stage target copied (stage.spec.wheels in config/paper.yaml; built for this "
+            "environment's torch and CUDA): pip install --no-index "
             "<cache>/wheels/flash_attn-*.whl (docs/workflow.md); or set "
-            "model.attn_implementation=sdpa")
+            "model.attn_implementation=sdpa") from err
 
 
 def _check_gpus(local_ranks: int) -> None:

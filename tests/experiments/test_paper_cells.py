@@ -59,6 +59,8 @@ def test_every_paper_cell_loads_its_train_config() -> None:
     assert len(PAPER) >= 150
     fixed = [c for c in PAPER.values() if c.method.name in FIXED_BATCH]
     assert fixed and all(c.data.cutoff_len > c.method.token_budget for c in fixed)
+    # every paper job needs its GPUs and exits before training without them (issue 42)
+    assert {c.strategy.device for c in PAPER.values()} == {"cuda"}
 
 
 KEYS = sorted({_loader_key(c) for c in PAPER.values()})

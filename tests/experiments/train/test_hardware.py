@@ -2,6 +2,7 @@
 to check (issue 42: a paper job that got no GPU trained on CPU until its time limit)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ def test_flash_attention_without_the_package_exits_before_the_model_loads(
         main(["--config", str(base_config), f"run.out_dir={tmp_path}", "method.name=packing",
               "model.attn_implementation=flash_attention_2"])
     assert not dist.is_initialized()
+
+
+def test_a_flash_attn_that_does_not_import_is_refused_with_its_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel built for another torch is installed but fails on import; the check
+    imports it, so the job still exits at start-up, with the import's own error."""
+    broken = tmp_path / "flash_attn"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        'raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    with pytest.raises(HardwareError, match=r"undefined symbol.*pip install --no-index"):
+        check_machine("auto", "flash_attention_2")
 
 
 @needs_no_gpu
