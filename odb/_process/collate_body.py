@@ -124,24 +124,34 @@ def _beating(
     ``EOFError``/``ConnectionError`` (the pipe or the shared-memory handshake breaks
     before the worker is seen dead). Errors of the user's dataset reach this point
     wrapped by the DataLoader ("Caught ... in DataLoader worker"), so they pass as is.
+
+    However it ends (exhausted, stopped, failed or closed), the DataLoader's workers are
+    shut down here, in this thread: left to the garbage collector, the iterator may be
+    collected in a worker forked for the next epoch (thread mode), whose copy then
+    fails "can only test a child process" and dies.
     """
-    while True:
-        _check_stop(stop)
-        try:
-            item = next(samples)
-        except StopIteration:
-            return
-        except (EOFError, ConnectionError) as exc:
-            if job.config.num_workers == 0 or str(exc).startswith("Caught "):
-                raise
-            raise RuntimeError(
-                f"a DataLoader worker of rank {job.rank} exited unexpectedly while handing "
-                f"over a sample ({type(exc).__name__}: {exc}); was it killed (OOM killer, "
-                "signal)?"
-            ) from exc
-        heartbeat.beat()
-        _check_stop(stop)
-        yield item
+    try:
+        while True:
+            _check_stop(stop)
+            try:
+                item = next(samples)
+            except StopIteration:
+                return
+            except (EOFError, ConnectionError) as exc:
+                if job.config.num_workers == 0 or str(exc).startswith("Caught "):
+                    raise
+                raise RuntimeError(
+                    f"a DataLoader worker of rank {job.rank} exited unexpectedly while "
+                    f"handing over a sample ({type(exc).__name__}: {exc}); was it killed "
+                    "(OOM killer, signal)?"
+                ) from exc
+            heartbeat.beat()
+            _check_stop(stop)
+            yield item
+    finally:
+        shutdown = getattr(samples, "_shutdown_workers", None)  # torch's own __del__ step
+        if shutdown is not None:
+            shutdown()
 
 
 def collate_main(
@@ -167,6 +177,7 @@ def collate_main(
     heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
     group: AlignmentGroup | None = None
     workers: list[Any] = []
+    samples: Iterator[Any] | None = None
     try:
         # Workers start (fork) before the group exists, so they hold no copy of its
         # sockets: a dead collate process then closes its connections at once.
@@ -179,7 +190,7 @@ def collate_main(
         group.close()
         # The workers exit before the end is sent, so none outlives a finished epoch.
         samples.close()
-        del samples
+        samples = None
         sent = _put(out, ("end", result), stop, encoder)
         if encoder is not None:
             encoder.end_epoch()
@@ -197,6 +208,8 @@ def collate_main(
             remove_shm_of(pid)
         return False
     finally:
+        if samples is not None:
+            samples.close()  # shuts the DataLoader workers down (_beating)
         if group is not None:
             group.close()
 
