@@ -232,9 +232,13 @@ def _header(grid: dict[str, Any], root: Path) -> list[str]:
 
 def failed_cells(missing: dict[str, list], root: Path) -> dict[str, str]:
     """The missing cells whose training job ran and ended without a result: ``{cell: its
-    log}`` (``logs/train/<cell>.log`` under ``root`` exists; a cell never run has none)."""
+    log}`` (``logs/train/<cell>.log`` under ``root`` exists and
+    ``results/train/<cell>/result.json`` does not). A cell never run has no log; a cell
+    that trained but lacks an evaluation is missing from the quality table only."""
     cells = sorted({c for names in missing.values() for c in names})
-    return {c: f"logs/train/{c}.log" for c in cells if (root / "logs/train" / f"{c}.log").exists()}
+    return {c: f"logs/train/{c}.log" for c in cells
+            if (root / "logs/train" / f"{c}.log").exists()
+            and not (root / "results/train" / c / "result.json").exists()}
 
 
 def _missing_section(missing: dict[str, list], root: Path) -> list[str]:

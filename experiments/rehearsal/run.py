@@ -168,12 +168,22 @@ def inside(args: argparse.Namespace) -> int:
                if f"results/train/{c}/result.json" in first]
     failed = {t: f"logs/train/{t.split('/')[2]}.log" if t.startswith("results/train/") else ""
               for t in missing}
+    report = args.workdir / "results" / "paper" / "REPORT.md"
+    reported = reported_failures(report) if report.exists() else None
     summary = {"slice": args.slice, "exit_codes": codes, "seconds": phases,
                "jobs": job_counts(args.workdir), "targets": first + second,
-               "failed": failed, "failed_on_purpose": planted}
+               "failed": failed, "failed_on_purpose": planted, "report_failed": reported}
     (args.workdir / "inside.json").write_text(json.dumps(summary, indent=1) + "\n")
     ok = sorted(missing) == sorted(planted) and not codes.get("tables")
+    if reported is not None:  # the report names exactly the cells that failed
+        ok = ok and sorted(reported) == sorted(t.split("/")[2] for t in planted)
     return 0 if ok else 1
+
+
+def reported_failures(report: Path) -> list[str]:
+    """The cells under the report's "Failed cells" heading (``- `cell`: `log```)."""
+    section = report.read_text().partition("## Failed cells")[2].split("\n## ")[0]
+    return re.findall(r"^- `([^`]+)`: ", section, re.M)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -193,18 +193,24 @@ def test_allow_partial_lists_the_missing_cells(tmp_path: Path) -> None:
 def test_a_failed_cell_is_named_with_its_log_apart_from_cells_never_run(
         tmp_path: Path) -> None:
     """A cell whose job ran (its log exists) and left no result is a failure to read
-    about; a missing cell without a log was never run (a slice, a target not asked for)."""
+    about; a missing cell without a log was never run (a slice, a target not asked for);
+    a cell that trained (log and result) but was not evaluated is missing from the
+    quality table only, not failed (the rehearsal listed all 17 such cells as failed)."""
     root, failed = _partial_root(tmp_path)
     never_run = "ultrachat.standard.tiny-full-n1-s0"
     shutil.rmtree(root / "results" / "train" / never_run)
+    not_evaluated = "llava.standard.tiny-full-n1-s0"
+    shutil.rmtree(root / "results" / "eval" / not_evaluated)
     (root / "logs" / "train").mkdir(parents=True, exist_ok=True)
-    (root / "logs" / "train" / f"{failed}.log").write_text("ConfigError: ...\n")
+    for cell in (failed, not_evaluated):
+        (root / "logs" / "train" / f"{cell}.log").write_text("...\n")
     out = tmp_path / "out"
     run_all(out, root, partial=True)
     report = (out / "REPORT.md").read_text()
     section = report.split("## Failed cells")[1].split("## Missing cells")[0]
     assert f"- `{failed}`: `logs/train/{failed}.log`" in section
     assert never_run not in section and never_run in report.split("## Missing cells")[1]
+    assert not_evaluated not in section and not_evaluated in report.split("## Missing cells")[1]
 
 
 def test_paper_scripts_import_no_torch() -> None:
