@@ -84,20 +84,25 @@ def run_epoch(
         cfg, collate_fn, reader, metrics, epoch=job.epoch, rank=job.rank, world=job.world_size
     )
     windows = AccumulationNormalizer(cfg.grad_accum_steps, job.world_size)
-    while (outcome := _align(rank, group, free_slots, metrics)) is not None:
-        steps = builder.build(outcome)
-        totals = _sum_counts(group, steps, rounds, metrics)
-        for item in _release(steps, totals, epoch_samples, windows):
-            emit(item)
-    for item in windows.flush():
-        emit(attach_step_info(*item))
+    try:
+        while (outcome := _align(rank, group, free_slots, metrics)) is not None:
+            steps = builder.build(outcome)
+            totals = _sum_counts(group, steps, rounds, metrics)
+            for item in _release(steps, totals, epoch_samples, windows):
+                emit(item)
+        for item in windows.flush():
+            emit(attach_step_info(*item))
+        carry, carried = _carry(job, rank, group)
+    except BaseException:
+        # An epoch ended early must not keep its samples in a reference cycle.
+        rank.discard_read_ahead()
+        raise
     metrics.max_age = rank.max_age
     metrics.read_ahead = rank.read_ahead_count
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
     metrics.peak_buffer_bytes = max(rounds.buffer.peak_nbytes, rank.peak_bytes)
     metrics.collate_cpu_s = cpu_clock() - cpu_start
-    carry, carried = _carry(job, rank, group)
     return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
 
 

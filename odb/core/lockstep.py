@@ -154,6 +154,17 @@ class LockstepRank:
         self.peak_bytes = max(self.peak_bytes, held)
         return self._may_read_ahead()
 
+    def discard_read_ahead(self) -> None:
+        """Drop what was read ahead: samples, and a pull's error kept for later.
+
+        Called when an epoch ends early (an error, a stop). A kept error's traceback
+        holds the frames that read it, and with them this rank: a reference cycle that
+        would keep every sample read (and the iterator the frames hold) alive until the
+        next garbage collection.
+        """
+        self._ahead.clear()
+        self._ahead_bytes = 0
+
     def unread_ahead(self) -> list[Reading]:
         """Remove and return the samples read ahead (a stream's carry at the epoch's end).
 

@@ -4,7 +4,9 @@ grouping buffer holds in bytes."""
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -178,3 +180,67 @@ def test_the_epoch_driver_prices_padded_tokens_with_the_cost_model(cost_model: s
         assert metrics["padded_tokens"] == sum(lengths)
     else:
         assert metrics["padded_tokens"] > sum(lengths)
+
+
+# ------------------------------------------------- what an epoch that failed leaves behind
+
+
+class _EndedInTheWait(Exception):
+    """How the test group ends its status exchange (as a stop or a peer's failure does)."""
+
+
+class _FailingInTheWait(AlignmentGroup):
+    """A one-rank group whose status exchange is a pending collective: it reads ahead while
+    it waits (the next pull fails, and the read-ahead keeps that error for later), then
+    ends with another error before the epoch reaches the kept one."""
+
+    def __init__(self, reading_ahead: list[bool]) -> None:
+        super().__init__(None, "test/")
+        self.reading_ahead = reading_ahead
+
+    def gather_status(self, row, while_waiting=None):  # noqa: ANN001, ANN201 - the base's
+        self.reading_ahead.append(True)
+        while while_waiting is not None and while_waiting():
+            pass
+        raise _EndedInTheWait
+
+
+def test_an_epoch_ended_while_an_error_is_read_ahead_frees_its_samples_at_once() -> None:
+    """The read-ahead keeps a pull's error for the round that would reach it; its traceback
+    references the rank that keeps it. An epoch ended before that round (a stop, a peer's
+    failure) must not leave the two in a reference cycle: the cycle held every sample read
+    (in thread mode, their shared-memory file descriptors) and the DataLoader iterator
+    until the next garbage collection (test_resources_return_to_baseline[thread], 5 of 24
+    runs). With the garbage collector off, nothing of the epoch survives it."""
+    cfg = ODBConfig(token_budget=256, shuffle=False)
+    reading_ahead: list[bool] = []
+    alive: list[weakref.ref] = []
+
+    def samples():
+        for i in range(400):
+            if reading_ahead:
+                raise RuntimeError("the dataset failed while the rank read ahead")
+            ids = torch.full((20,), i)
+            alive.append(weakref.ref(ids))
+            yield i, {"input_ids": ids, "labels": ids.clone()}
+
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            run_epoch(
+                EpochJob(cfg, 0, 0, 1, list(range(400))),
+                samples(),
+                _FailingInTheWait(reading_ahead),
+                PadCollate(),
+                SampleMeter(cfg),
+                lambda: {"input_ids": torch.ones(1, dtype=torch.long), "labels": torch.ones(1)},
+                lambda batch: None,
+                lambda: cfg.queue_depth,
+            )
+        except _EndedInTheWait:
+            pass
+        held = sum(ref() is not None for ref in alive)
+    finally:
+        gc.enable()
+    assert alive and held == 0, f"{held} of {len(alive)} samples outlived the epoch"
