@@ -14,13 +14,15 @@ saying which of three things happened: a peer left a failure note (it raised; th
 note names its rank and error), the wait timed out, or a peer's connection closed
 (it stopped iterating or died). A rank that fails calls :meth:`AlignmentGroup.
 report_failure` and then :meth:`AlignmentGroup.close`, so its peers' collectives fail
-at once rather than after ``align_timeout_s``.
+at once rather than after ``align_timeout_s``; a collate process that died cannot, and
+its trainer leaves the note for it (:func:`leave_failure_note`).
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +34,12 @@ from odb.core.sharding import SOURCE_ROW_WIDTH
 
 # Store key under the group's prefix where a failing rank leaves its error for the peers.
 _FAILED_KEY = "odb_failed/"
-# Longest wait for the store while reading those notes.
+# Longest wait for the store while reading or writing those notes.
 _NOTE_TIMEOUT_S = 2.0
+# How long a rank whose peer's connection closed waits for that peer's note: a dead
+# collate process's note is left by its trainer's watcher, a moment after the close.
+_NOTE_WAIT_S = 2.0
+_NOTE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,29 @@ def open_rendezvous(
     dist.broadcast_object_list(address, src=0)
     host_name, port = address[0]  # type: ignore[misc]
     return Rendezvous(host_name, port, rank, world, init_timeout_s, align_timeout_s), store_host
+
+
+def leave_failure_note(rendezvous: Rendezvous, prefix: str, summary: str) -> None:
+    """Leave rank ``rendezvous.rank``'s failure note in iteration ``prefix``, from outside
+    its group (best effort): the trainer's watcher, when its collate process died.
+
+    A note the collate side left itself (its own error) is kept: it says more.
+    """
+    try:
+        store = dist.PrefixStore(
+            prefix,
+            dist.TCPStore(
+                rendezvous.host,
+                rendezvous.port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=_NOTE_TIMEOUT_S),
+            ),
+        )
+        key = f"{_FAILED_KEY}{rendezvous.rank}"
+        if not store.check([key]):
+            store.set(key, summary[:2000])
+    except Exception:  # noqa: BLE001, S110 - the store host (rank 0's trainer) may be gone
+        pass
 
 
 class AlignmentGroup:
@@ -246,6 +275,18 @@ class AlignmentGroup:
             pass
         return notes
 
+    def _wait_for_notes(self, wait_s: float) -> list[str]:
+        """The peers' failure notes, waiting up to ``wait_s`` for a first one.
+
+        A peer whose connection closed because its collate process died has its note
+        left by its trainer a moment later; one that stopped early (``break``) leaves
+        none, and this rank's error then comes ``wait_s`` later.
+        """
+        deadline = time.monotonic() + wait_s
+        while not (notes := self._failed_peers()) and time.monotonic() < deadline:
+            time.sleep(_NOTE_POLL_S)
+        return notes
+
     def _run(self, what: str, work: dist.Work) -> None:
         try:
             work.wait()
@@ -261,13 +302,14 @@ class AlignmentGroup:
         timeout = self.rendezvous.align_timeout_s
         head = f"ODB alignment {what} failed on rank {self.rendezvous.rank}: "
         said = f" Gloo said: {exc}"
-        notes = self._failed_peers()
+        closed = "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower()
+        notes = self._wait_for_notes(_NOTE_WAIT_S if closed else 0.0)
         if notes:
             return (
                 head + "a peer rank failed first (" + "; ".join(notes) + "). "
                 f"This rank stops too (align_timeout_s={timeout} s bounds such waits)." + said
             )
-        if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+        if not closed:
             return (
                 head + f"no answer from a peer rank within align_timeout_s={timeout} s. A "
                 "peer is stuck or slower than that (its dataset, collate_fn or training "

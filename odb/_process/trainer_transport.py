@@ -16,10 +16,12 @@ stall detection, the error contract) on top of it.
 from __future__ import annotations
 
 import gc
+import multiprocessing.connection
 import os
 import queue
 import sys
 import threading
+import time
 import traceback
 import warnings
 from multiprocessing.reduction import ForkingPickler
@@ -29,7 +31,7 @@ import torch.multiprocessing  # noqa: F401 - registers the tensor reductions wit
 
 from odb._process.collate_body import POLL_S, Heartbeat, collate_main
 from odb._process.collate_process import process_entry
-from odb._process.comm import Rendezvous
+from odb._process.comm import Rendezvous, leave_failure_note
 from odb._process.diagnostics import death_message, remove_shm_of
 from odb._process.forking import context_for, trainer_start_method
 from odb._process.handoff import PoolReader
@@ -237,8 +239,15 @@ class ProcessTransport:
         self._jobs = JobSender(jobs_out)
         if not forked:
             self._jobs.send((spec, rendezvous))  # the handshake: the collate spec, once
+        self._watcher = (
+            _DeathWatcher(self._process, self._stop, where, rendezvous)
+            if rendezvous is not None
+            else None
+        )
 
     def begin(self, job: EpochJob, prefix: str) -> None:
+        if self._watcher is not None:
+            self._watcher.prefix = prefix
         self._jobs.send((job, prefix))
 
     def receive(self, timeout_s: float = POLL_S) -> tuple[str, Any]:
@@ -284,6 +293,7 @@ class ProcessTransport:
 
     def close(self, timeout_s: float) -> None:
         """Stop the process: wait ``timeout_s``, then terminate it, then kill it."""
+        died_unasked = not self._stop.is_set() and not self._process.is_alive()
         self._stop.set()
         self._jobs.close()
         process = self._process
@@ -292,11 +302,66 @@ class ProcessTransport:
             if process.is_alive():
                 end()
                 process.join(2.0)
+        if self._watcher is not None:
+            self._watcher.close(died_unasked)
         self._queue.cancel_join_thread()
         self._queue.close()
         self._blocks.close()
         if isinstance(process.exitcode, int) and process.exitcode < 0:
             remove_shm_of(process.pid)
+
+
+class _DeathWatcher:
+    """Leaves the failure note of a collate process that died unasked, for its peers.
+
+    A killed collate process cannot say why it left, and its peers' collectives fail
+    at once on the closed connection; the note (:func:`odb._process.comm.
+    leave_failure_note`, under the epoch's ``prefix``) lets them name this rank's
+    collate process and its signal every time instead of a bare "gone". A trainer
+    thread waits on the process's sentinel (for a trainer busy in a long step); a
+    trainer that saw the death first leaves it from :meth:`close`. Once either way.
+    :meth:`close` ends and joins the thread (none of ours runs while the interpreter
+    finalizes). It holds the process, never the transport (no reference cycle).
+    """
+
+    def __init__(self, process: Any, stop: Any, where: str, rendezvous: Rendezvous) -> None:
+        self.prefix: str | None = None
+        self._process, self._stop, self._where = process, stop, where
+        self._rendezvous = rendezvous
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._noted = False
+        self._thread = threading.Thread(
+            target=self._watch, name=f"odb-collate-watch-rank{rendezvous.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self) -> None:
+        sentinel = self._process.sentinel
+        while not multiprocessing.connection.wait([sentinel], timeout=POLL_S):
+            if self._closing.is_set():
+                return
+        if not self._stop.is_set():
+            self._leave_note()
+
+    def _leave_note(self) -> None:
+        with self._lock:
+            if self._noted or self.prefix is None:
+                return
+            self._noted = True
+        for _ in range(50):  # another thread may be reaping the process this very moment
+            if self._process.exitcode is not None:
+                break
+            time.sleep(0.01)
+        message = death_message(self._where, self._process.exitcode)
+        leave_failure_note(self._rendezvous, self.prefix, message)
+
+    def close(self, died_unasked: bool) -> None:
+        """End the thread; leave the note now if the process had died before any stop."""
+        self._closing.set()
+        self._thread.join()
+        if died_unasked:
+            self._leave_note()
 
 
 def _fork(process: Any) -> None:
