@@ -97,13 +97,21 @@ def run_epoch(
         # An epoch ended early must not keep its samples in a reference cycle.
         rank.discard_read_ahead()
         raise
+    _close_metrics(metrics, rank, group, cpu_clock() - cpu_start)
+    return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
+
+
+def _close_metrics(
+    metrics: EpochMetrics, rank: LockstepRank, group: AlignmentGroup, cpu_s: float
+) -> None:
+    """Fill in what the epoch's rank and group measured, once it ended."""
+    rounds = rank.rounds
     metrics.max_age = rank.max_age
     metrics.read_ahead = rank.read_ahead_count
     metrics.align_bytes = group.bytes_sent
     metrics.recirculated = rounds.recirculated
     metrics.peak_buffer_bytes = max(rounds.buffer.peak_nbytes, rank.peak_bytes)
-    metrics.collate_cpu_s = cpu_clock() - cpu_start
-    return EpochResult(carry=carry, metrics=metrics.summary(), carried_samples=carried)
+    metrics.collate_cpu_s = cpu_s
 
 
 def _timing_first(emit: Callable[[Any], None], metrics: EpochMetrics) -> Callable[[Any], None]:
