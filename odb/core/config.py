@@ -83,7 +83,8 @@ class LoaderConfig:
             instead of hanging.
         init_timeout_s: Longest wait for the private group's rendezvous.
         rendezvous_host: Address of rank 0 that peers can reach; None means rank 0's
-            host name.
+            host name, or 127.0.0.1 when every rank runs on this host (the store then
+            listens on loopback only; ``docs/reliability.md``).
 
     ``RENAMED_FIELDS`` (a class attribute) maps a field's former name to ``(new name,
     why)``. A former name is refused, whether given to the class or to a loader, with a

@@ -551,3 +551,39 @@ def _epoch(loader: odb.ODBLoader, n: int, ids: list[list[int]], stop_at: int | N
             break
     if stop_at is None:
         ids.append(mine)
+
+
+# --- a stranger in the rendezvous store ---------------------------------------------
+
+
+def stranger_rank(rank: int, world_size: int, plan: FaultPlan) -> dict[str, Any]:
+    """``plan.epochs`` epochs while a stranger writes into the loader's rendezvous store.
+
+    Rank 0 publishes the store's address in ``plan.stamp_dir`` (``store``); every rank
+    starts iterating once the stranger has written (``stranger_wrote``). Returns the ids
+    of each complete epoch, and the error that ended the loop (None if none did).
+    """
+    own_resource_tracker()
+    multiprocessing.set_start_method(plan.start_method, force=True)
+    loader = build_loader(rank, world_size, plan)
+    rendezvous = loader._rendezvous
+    assert rendezvous is not None
+    if rank == 0:
+        Path(plan.stamp_dir, "store").write_text(f"{rendezvous.host} {rendezvous.port}")
+    wrote = Path(plan.stamp_dir, "stranger_wrote")
+    deadline = time.monotonic() + 30.0
+    while not wrote.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ids: list[list[int]] = []
+    error, started = None, time.monotonic()
+    try:
+        for n in range(plan.epochs):
+            _epoch(loader, n, ids)
+    except Exception as exc:  # noqa: BLE001 - the outcome is the test's to judge
+        error = f"{type(exc).__name__}: {exc}"
+    return dict(
+        ids=ids,
+        error=error,
+        error_s=time.monotonic() - started,
+        store=f"{rendezvous.host}:{rendezvous.port}",
+    )

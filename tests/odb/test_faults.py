@@ -21,13 +21,17 @@ flakiness, run it repeatedly: ``for i in $(seq 20); do pytest -q tests/odb/test_
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import torch.distributed as dist
 
 import odb
 from tests.odb.fault_harness import FaultRun, run_fault_ranks
@@ -40,6 +44,7 @@ from tests.odb.fault_ranks import (
     lengths_for,
     lifecycle_rank,
     loader_children,
+    stranger_rank,
 )
 from tests.odb.shm_audit import ShmAudit
 
@@ -366,3 +371,68 @@ def test_resources_return_to_baseline(mode: str, tmp_path: Path) -> None:
             assert len(now["shm"]) <= len(ref["shm"]), where
     every = [sorted(i for o in run.outcomes for i in o.value["ids"][e]) for e in range(6)]
     assert every == [list(range(plan.num_samples))] * 6
+
+
+# --- a stranger in the rendezvous store -------------------------------------------------
+
+
+def _stranger(stamp_dir: Path, epochs: int, world_size: int, stop: threading.Event) -> None:
+    """Another program on the store's port: garbage under every key Gloo and the failure
+    notes use in the coming iterations, before the ranks start, then every key it can
+    list overwritten again and again until ``stop``."""
+    address = Path(stamp_dir, "store")
+    while not address.exists() and not stop.is_set():
+        time.sleep(0.05)
+    if stop.is_set():
+        return
+    host, port = address.read_text().split()
+    client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    for n in range(1, epochs + 2):
+        epoch = dist.PrefixStore(f"odb/iter{n}/", client)
+        for rank in range(world_size):
+            epoch.set(f"0/{rank}", b"\x00stranger" * 8)
+            epoch.set(f"odb_failed/{rank}", "rank 0 is a forged note")
+    Path(stamp_dir, "stranger_wrote").touch()
+    while not stop.is_set():
+        with contextlib.suppress(Exception):  # the store host ends with the ranks
+            for key in client.list_keys():
+                client.set(key.lstrip("/"), b"forged counts 7 7 7")
+        time.sleep(0.01)
+
+
+def test_a_stranger_writing_into_the_store_is_refused_or_ignored(tmp_path: Path) -> None:
+    # Rank 0's store listens on every interface across nodes (torch's own store does),
+    # so another program may reach it. Its values carry no valid tag: a rank that reads
+    # one stops with an error naming the store; its peers' rendezvous then ends within
+    # init_timeout_s, naming the store's address. Either the stranger is caught or the
+    # run ignores it; no rank emits a sample twice, and none hangs.
+    epochs, world_size = 3, 2
+    plan = FaultPlan(
+        "none",
+        epochs=epochs,
+        num_samples=24,
+        stamp_dir=str(tmp_path),
+        options=dict(init_timeout_s=10.0),
+    )
+    stop = threading.Event()
+    stranger = threading.Thread(target=_stranger, args=(tmp_path, epochs, world_size, stop))
+    stranger.start()
+    try:
+        run = run_fault_ranks(stranger_rank, world_size, plan, timeout=RUN_LIMIT_S)
+    finally:
+        stop.set()
+        stranger.join()
+    text = run.describe()
+    assert not run.hung and not run.orphans, text
+    values = [o.value for o in run.outcomes]
+    assert all(o.exitcode == 0 and o.value is not None for o in run.outcomes), text
+    complete = min(len(v["ids"]) for v in values)
+    for epoch in range(complete):
+        seen = [i for v in values for i in v["ids"][epoch]]
+        assert sorted(seen) == list(range(plan.num_samples)), f"epoch {epoch}\n{text}"
+    for v in values:
+        if v["error"] is not None:
+            assert v["store"] in v["error"], text  # names the store
+            assert v["error_s"] <= 10.0 + SLACK_S + 10.0, text
+    errors = [v["error"] for v in values if v["error"]]
+    assert not errors or any("StoreForgeryError" in e for e in errors), text
