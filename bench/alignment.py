@@ -1,8 +1,8 @@
 """Alignment round latency and bytes vs world size, over real Gloo on loopback.
 
 For each world size ``W`` (default 1..8) the parent hosts the store with
-:class:`odb._process.comm.StoreHost` on 127.0.0.1 and spawns ``W`` processes. Each builds
-:class:`odb._process.comm.AlignmentGroup` from an :class:`odb._process.comm.Rendezvous` (what an ODB
+:class:`odb._process.rendezvous.StoreHost` on 127.0.0.1 and spawns ``W`` processes. Each builds
+:class:`odb._process.comm.AlignmentGroup` from an :class:`odb._process.rendezvous.Rendezvous` (what an ODB
 collate process does) and, in the same run, a raw ``ProcessGroupGloo`` under another
 store prefix. Per round (after a warm-up) it times, alternating which goes first:
 
@@ -34,7 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench import _io
-from odb._process.comm import AlignmentGroup, Rendezvous, StoreHost
+from odb._process.comm import AlignmentGroup
+from odb._process.rendezvous import Rendezvous, StoreHost
 from odb.core.alignment import STATUS_WIDTH, RankStatus
 from odb.core.lockstep import RoundCounts, StepCounts
 

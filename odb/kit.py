@@ -23,7 +23,8 @@ Example:
     [(0,), (1,)]
 """
 
-from odb._process.comm import AlignmentGroup, open_rendezvous
+from odb._process.comm import AlignmentGroup
+from odb._process.rendezvous import open_rendezvous
 from odb.core.budget import GroupMeasure
 from odb.core.checks import check_callables, check_epoch, check_int, check_state_keys, state_pieces
 from odb.core.config import LoaderConfig

@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from odb._process.collate_sources import is_stream
-from odb._process.comm import open_rendezvous
 from odb._process.messages import CollateSpec, EpochJob
+from odb._process.rendezvous import open_rendezvous
 from odb._process.trainer_runner import CollateRunner, RunnerKeeper
 from odb._process.trainer_startup import check_startable
 from odb.collate import PadCollate, TensorParts

@@ -27,10 +27,11 @@ import torch
 
 from odb._process.collate_epoch import run_epoch
 from odb._process.collate_sources import idle_template, open_samples
-from odb._process.comm import AlignmentGroup, AlignmentTimeoutError, Rendezvous
+from odb._process.comm import AlignmentGroup, AlignmentTimeoutError
 from odb._process.diagnostics import remove_shm_of
 from odb._process.handoff import PoolWriter
 from odb._process.messages import CollateSpec, EpochJob, EpochResult
+from odb._process.rendezvous import Rendezvous
 from odb.core.buffer import sample_nbytes
 
 # How often the collate side re-checks a full queue for a trainer that stopped listening

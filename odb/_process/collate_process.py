@@ -34,9 +34,9 @@ import torch
 from odb._process import torch_shm
 from odb._process.batch_pool import share_batches
 from odb._process.collate_body import POLL_S, Heartbeat, collate_main
-from odb._process.comm import Rendezvous
 from odb._process.handoff import PoolWriter
 from odb._process.messages import CollateSpec, EpochJob
+from odb._process.rendezvous import Rendezvous
 
 # How often a collate process checks that its trainer is still alive.
 _WATCHDOG_S = 0.5

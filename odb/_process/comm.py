@@ -1,11 +1,10 @@
-"""The private alignment group: rendezvous and the two collectives of a round.
+"""The private alignment group: the two collectives of a round, and the failure notes.
 
 The collate sides of all ranks talk over their own Gloo group, never the trainer's
-(NCCL) group, so alignment traffic cannot interleave with gradient all-reduces.
-Rendezvous: at loader construction rank 0's trainer process hosts a ``TCPStore`` on a
-free port and broadcasts its address once over the trainer's group; each iteration
-(epoch) builds a fresh ``ProcessGroupGloo`` under its own store prefix, so two loaders
-or two epochs never share a group. Only public ``torch.distributed`` API is used.
+(NCCL) group, so alignment traffic cannot interleave with gradient all-reduces. They
+meet through rank 0's store (:mod:`odb._process.rendezvous`); each iteration (epoch)
+builds a fresh ``ProcessGroupGloo`` under its own store prefix, so two loaders or two
+epochs never share a group. Only public ``torch.distributed`` API is used.
 
 Timeouts: meeting the peers at the start of an iteration (the store connection and
 Gloo's full-mesh connect) waits at most ``init_timeout_s``; every collective after that
@@ -21,18 +20,13 @@ its trainer leaves the note for it (:func:`leave_failure_note`).
 from __future__ import annotations
 
 import datetime
-import hashlib
-import hmac
-import os
-import secrets
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from odb._process.rendezvous import Rendezvous, SignedStore, StoreForgeryError, is_forgery
 from odb.core.alignment import STATUS_WIDTH
 from odb.core.sharding import SOURCE_ROW_WIDTH
 
@@ -44,156 +38,6 @@ _NOTE_TIMEOUT_S = 2.0
 # collate process's note is left by its trainer's watcher, a moment after the close.
 _NOTE_WAIT_S = 2.0
 _NOTE_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the collate sides of one loader meet: picklable, the same on every rank.
-
-    ``secret`` keys the tags of every value the ranks write to the store
-    (:class:`SignedStore`); drawn by rank 0, it reaches the peers over the trainer's own
-    group, never through the store.
-    """
-
-    host: str
-    port: int
-    rank: int
-    world_size: int
-    init_timeout_s: float
-    align_timeout_s: float
-    secret: bytes = field(default=b"", repr=False)
-
-
-class StoreHost:
-    """Rank 0's ``TCPStore`` server, alive as long as the loader that owns it.
-
-    ``loopback``: listen on 127.0.0.1 only (every rank on this host); otherwise on every
-    interface, as torch's own store does (torch offers no way to name one and still
-    reach a host name's other addresses).
-    """
-
-    def __init__(self, host: str, timeout_s: float, loopback: bool = False) -> None:
-        listener = None
-        if loopback:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind(("127.0.0.1", 0))
-            listener.listen(128)
-            host = "127.0.0.1"
-        self.host = host
-        self.store = dist.TCPStore(
-            host,
-            listener.getsockname()[1] if listener is not None else 0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            master_listen_fd=listener.detach() if listener is not None else None,
-        )
-        self.port = self.store.port
-
-
-_FORGED = "that this job's ranks did not write"
-
-
-class StoreForgeryError(RuntimeError):
-    """The rendezvous store holds a value that none of this loader's ranks wrote."""
-
-
-class SignedStore(dist.Store):
-    """A client of the loader's store whose values only this loader's ranks can make.
-
-    Every value written carries an HMAC-SHA256 tag keyed by the loader's secret over its
-    full key (the iteration's prefix included, so a value cannot be replayed under
-    another key or epoch) and the value. A value read without a valid tag was written by
-    something else that reached the port: :class:`StoreForgeryError` names the store and
-    the key, and the rank stops. Gloo's rendezvous runs through it (``set``, ``wait``,
-    ``get``), as do the failure notes.
-    """
-
-    _TAG_BYTES = 32
-
-    def __init__(self, rendezvous: Rendezvous, prefix: str, timeout_s: float) -> None:
-        super().__init__()
-        self._where = f"{rendezvous.host}:{rendezvous.port}"
-        self._prefix, self._secret = prefix, rendezvous.secret
-        client = dist.TCPStore(
-            rendezvous.host,
-            rendezvous.port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-        self._store = dist.PrefixStore(prefix, client)
-
-    def _tag(self, key: str, value: bytes) -> bytes:
-        message = (self._prefix + key).encode() + b"\0" + value
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
-
-    def set(self, key: str, value: str | bytes) -> None:
-        data = value if isinstance(value, bytes) else str(value).encode()
-        self._store.set(key, self._tag(key, data) + data)
-
-    def get(self, key: str) -> bytes:
-        raw = self._store.get(key)
-        tag, data = raw[: self._TAG_BYTES], raw[self._TAG_BYTES :]
-        if not hmac.compare_digest(tag, self._tag(key, data)):
-            raise StoreForgeryError(
-                f"the ODB rendezvous store at {self._where} holds a value under "
-                f"{self._prefix + key!r} {_FORGED} (no valid tag): another program "
-                "reached the store's port and wrote to it. The rank stops rather than "
-                "use it. Keep the port unreachable from outside the job (on one node the "
-                "store listens on 127.0.0.1 only)."
-            )
-        return data
-
-    def check(self, keys: list[str]) -> bool:
-        return self._store.check(keys)
-
-    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        if timeout is None:
-            self._store.wait(keys)
-        else:
-            self._store.wait(keys, timeout)
-
-    def set_timeout(self, timeout: datetime.timedelta) -> None:
-        self._store.set_timeout(timeout)
-
-
-def trainer_world() -> tuple[int, int]:
-    """``(rank, world_size)`` of the trainer's default group, ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def open_rendezvous(
-    host: str | None, init_timeout_s: float, align_timeout_s: float
-) -> tuple[Rendezvous | None, StoreHost | None]:
-    """Create the loader's rendezvous; collective over the trainer's group.
-
-    Every rank must call this the same number of times, in the same order (as every
-    rank constructs the same loaders). World size 1 needs no group and returns None.
-    """
-    rank, world = trainer_world()
-    if world == 1:
-        return None, None
-    store_host = None
-    address: list[object] = [None]
-    if rank == 0:
-        loopback = host is None and _one_node(world)
-        store_host = StoreHost(host or socket.gethostname(), init_timeout_s, loopback)
-        address = [(store_host.host, store_host.port, secrets.token_bytes(32))]
-    dist.broadcast_object_list(address, src=0)
-    host_name, port, secret = address[0]  # type: ignore[misc]
-    rendezvous = Rendezvous(
-        host_name, port, rank, world, init_timeout_s, align_timeout_s, secret=secret
-    )
-    return rendezvous, store_host
-
-
-def _one_node(world_size: int) -> bool:
-    """Whether every rank runs on this host, as the launcher says (torchrun, accelerate
-    and DeepSpeed set ``LOCAL_WORLD_SIZE``); False when it does not say."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return local.isdigit() and int(local) == world_size
 
 
 def leave_failure_note(rendezvous: Rendezvous, prefix: str, summary: str) -> None:
@@ -243,7 +87,7 @@ class AlignmentGroup:
             )
             self._pg.set_timeout(datetime.timedelta(seconds=rendezvous.align_timeout_s))
         except RuntimeError as exc:
-            if isinstance(exc, StoreForgeryError) or _FORGED in str(exc):
+            if is_forgery(exc):
                 raise StoreForgeryError(
                     f"ODB alignment group, rank {rendezvous.rank}: {exc}"
                 ) from exc

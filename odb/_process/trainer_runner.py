@@ -39,9 +39,10 @@ import warnings
 import weakref
 from typing import Any
 
-from odb._process.comm import AlignmentTimeoutError, Rendezvous
+from odb._process.comm import AlignmentTimeoutError
 from odb._process.diagnostics import describe_descendants
 from odb._process.messages import CollateSpec, EpochJob, EpochResult
+from odb._process.rendezvous import Rendezvous
 from odb._process.trainer_transport import Transport, open_transport
 from odb.core.config import ODBConfig
 

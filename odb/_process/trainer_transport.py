@@ -31,11 +31,12 @@ import torch.multiprocessing  # noqa: F401 - registers the tensor reductions wit
 
 from odb._process.collate_body import POLL_S, Heartbeat, collate_main
 from odb._process.collate_process import process_entry
-from odb._process.comm import Rendezvous, leave_failure_note
+from odb._process.comm import leave_failure_note
 from odb._process.diagnostics import death_message, remove_shm_of
 from odb._process.forking import context_for, trainer_start_method
 from odb._process.handoff import PoolReader
 from odb._process.messages import CollateSpec, EpochJob
+from odb._process.rendezvous import Rendezvous
 from odb._process.trainer_startup import JobSender, main_guard_error, unguarded_main_line
 from odb.core.config import ODBConfig
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from odb._process.comm import Rendezvous, SignedStore, StoreForgeryError, StoreHost
+from odb._process.rendezvous import Rendezvous, SignedStore, StoreForgeryError, StoreHost
 
 
 def _rendezvous(host: StoreHost, secret: bytes) -> Rendezvous:
