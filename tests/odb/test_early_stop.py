@@ -19,8 +19,10 @@ from tests.dist import run_torchrun
 
 SCRIPT = Path(__file__).with_name("early_stop_script.py")
 ROOT = SCRIPT.parents[2]
-# Each run is a fresh interpreter; a few per variant show the exit is clean every time.
-RUNS = {1: 3, 2: 2}
+# One fresh interpreter per variant: before the fix every run aborted (10 of 10 in the
+# issue, 3 of 3 on the code before), so one run catches a regression; the 20-run counts
+# after the fix are in docs/reliability.md ("Stopping a collate thread").
+RUNS = {1: 1, 2: 1}
 
 
 def _check(code: int, out: str, err: str) -> None:
