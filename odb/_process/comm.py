@@ -38,6 +38,11 @@ _NOTE_TIMEOUT_S = 2.0
 # collate process's note is left by its trainer's watcher, a moment after the close.
 _NOTE_WAIT_S = 2.0
 _NOTE_POLL_S = 0.05
+# While meeting, Gloo waits up to five times its group's timeout for a peer to connect
+# (gloo/transport/tcp/pair.h, ``waitUntil``: "a longer timeout when waiting for initial
+# connect"). The group is built with a fifth of init_timeout_s so that a peer that left
+# halfway through the rendezvous ends it within init_timeout_s, not five times that.
+_GLOO_CONNECT_FACTOR = 5
 
 
 def leave_failure_note(rendezvous: Rendezvous, prefix: str, summary: str) -> None:
@@ -76,14 +81,15 @@ class AlignmentGroup:
             return
         try:
             self._store = SignedStore(rendezvous, prefix, rendezvous.init_timeout_s)
-            # The constructor connects the full mesh, bounded by its timeout: that is the
-            # rendezvous (init_timeout_s; ranks may start an epoch far apart, e.g. after
-            # rank 0 saved a checkpoint). Every collective after it: align_timeout_s.
+            # The constructor is the rendezvous: waiting for the peers' keys is bounded by
+            # the store's init_timeout_s (ranks may start an epoch far apart, e.g. after
+            # rank 0 saved a checkpoint), connecting to them by Gloo's timeout times
+            # _GLOO_CONNECT_FACTOR. Every collective after it: align_timeout_s.
             self._pg = dist.ProcessGroupGloo(
                 self._store,
                 rendezvous.rank,
                 rendezvous.world_size,
-                datetime.timedelta(seconds=rendezvous.init_timeout_s),
+                datetime.timedelta(seconds=rendezvous.init_timeout_s / _GLOO_CONNECT_FACTOR),
             )
             self._pg.set_timeout(datetime.timedelta(seconds=rendezvous.align_timeout_s))
         except RuntimeError as exc:
@@ -193,11 +199,13 @@ class AlignmentGroup:
         self._pg = None  # the last reference: Gloo closes its pairs when it is freed
         self._store = None
 
-    def _failed_peers(self) -> list[str]:
-        """Notes of peers that reported a failure (see :meth:`report_failure`)."""
+    def _failed_peers(self) -> tuple[list[str], list[str]]:
+        """Notes of peers that reported a failure (see :meth:`report_failure`), and the
+        refusals of notes none of this job's ranks wrote (a stranger in the store)."""
+        notes: list[str] = []
+        forged: list[str] = []
         if self._store is None or self.rendezvous is None:
-            return []
-        notes = []
+            return notes, forged
         try:
             self._store.set_timeout(datetime.timedelta(seconds=_NOTE_TIMEOUT_S))
             for rank in range(self.rendezvous.world_size):
@@ -206,23 +214,23 @@ class AlignmentGroup:
                     continue
                 try:
                     notes.append(f"rank {rank}: {self._store.get(key).decode(errors='replace')}")
-                except StoreForgeryError:
-                    continue  # not a peer's note: ignored
+                except StoreForgeryError as exc:
+                    forged.append(str(exc))  # not a peer's note: never shown as one
         except Exception:  # noqa: BLE001 - the store host (rank 0's trainer) may be gone
             pass
-        return notes
+        return notes, forged
 
-    def _wait_for_notes(self, wait_s: float) -> list[str]:
-        """The peers' failure notes, waiting up to ``wait_s`` for a first one.
+    def _wait_for_notes(self, wait_s: float) -> tuple[list[str], list[str]]:
+        """:meth:`_failed_peers`, waiting up to ``wait_s`` for a first note or refusal.
 
         A peer whose connection closed because its collate process died has its note
         left by its trainer a moment later; one that stopped early (``break``) leaves
         none, and this rank's error then comes ``wait_s`` later.
         """
         deadline = time.monotonic() + wait_s
-        while not (notes := self._failed_peers()) and time.monotonic() < deadline:
+        while not any(found := self._failed_peers()) and time.monotonic() < deadline:
             time.sleep(_NOTE_POLL_S)
-        return notes
+        return found
 
     def _run(self, what: str, work: dist.Work) -> None:
         try:
@@ -240,11 +248,16 @@ class AlignmentGroup:
         head = f"ODB alignment {what} failed on rank {self.rendezvous.rank}: "
         said = f" Gloo said: {exc}"
         closed = "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower()
-        notes = self._wait_for_notes(_NOTE_WAIT_S if closed else 0.0)
+        notes, forged = self._wait_for_notes(_NOTE_WAIT_S if closed else 0.0)
         if notes:
             return (
                 head + "a peer rank failed first (" + "; ".join(notes) + "). "
                 f"This rank stops too (align_timeout_s={timeout} s bounds such waits)." + said
+            )
+        if forged:
+            return (
+                head + "a peer rank stopped, and the failure note where it would say why "
+                f"is not its own: {forged[0]} This rank stops too." + said
             )
         if not closed:
             return (

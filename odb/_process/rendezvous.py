@@ -128,10 +128,14 @@ class SignedStore(dist.Store):
         return self._store.check(keys)
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        if timeout is None:
-            self._store.wait(keys)
-        else:
-            self._store.wait(keys, timeout)
+        """Wait for ``keys``, bounded by this store's own timeout whatever ``timeout`` says.
+
+        Gloo's rendezvous passes its group's timeout, a fraction of ``init_timeout_s``
+        (see :class:`odb._process.comm.AlignmentGroup`); waiting for a late peer keeps
+        the full ``init_timeout_s`` this client was opened with.
+        """
+        del timeout
+        self._store.wait(keys)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         self._store.set_timeout(timeout)

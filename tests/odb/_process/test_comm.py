@@ -5,11 +5,14 @@ same against a stranger writing into a running job: tests/odb/test_faults.py."""
 from __future__ import annotations
 
 import datetime
+import multiprocessing as mp
+import time
 
 import psutil
 import pytest
 import torch.distributed as dist
 
+from odb._process import comm
 from odb._process.rendezvous import Rendezvous, SignedStore, StoreForgeryError, StoreHost
 
 
@@ -67,3 +70,64 @@ def test_a_store_for_one_node_listens_on_loopback_only() -> None:
         if c.status == psutil.CONN_LISTEN and c.laddr.port == host.port
     ]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+# --- a peer that leaves the rendezvous halfway ------------------------------------------
+
+_INIT_S = 2.0
+
+
+class _LeavingStore(SignedStore):
+    """Rank 1's store: its own key is published, then reading rank 0's fails (as when
+    the rank reads a stranger's value), so the rank leaves before connecting."""
+
+    def get(self, key: str) -> bytes:
+        if key.endswith("/0"):
+            raise RuntimeError("rank 1 leaves the rendezvous halfway")
+        return super().get(key)
+
+
+def _leave_halfway(rendezvous: Rendezvous, prefixes: mp.Queue, left: mp.Queue) -> None:
+    """Rank 1: for each prefix, join that rendezvous and leave it halfway; stays alive."""
+    comm.SignedStore = _LeavingStore  # this child process only
+    while (prefix := prefixes.get()) is not None:
+        try:
+            comm.AlignmentGroup(rendezvous, prefix)
+            left.put("joined")
+        except RuntimeError:
+            left.put("left")
+
+
+def test_a_peer_that_leaves_the_rendezvous_halfway_ends_it_within_init_timeout() -> None:
+    # Gloo waits five times its timeout for a peer to connect; the group is built so that
+    # the wait ends within init_timeout_s. Which side of the pair waits (listens) is
+    # drawn from the ports, so trials run until rank 0 was the one waiting.
+    host = StoreHost("127.0.0.1", 30.0, loopback=True)
+    where = f"{host.host}:{host.port}"
+    ranks = [Rendezvous(host.host, host.port, r, 2, _INIT_S, _INIT_S, b"k" * 32) for r in (0, 1)]
+    ctx = mp.get_context("spawn")
+    prefixes, left = ctx.Queue(), ctx.Queue()
+    peer = ctx.Process(target=_leave_halfway, args=(ranks[1], prefixes, left), daemon=True)
+    peer.start()
+    outcomes = []
+    try:
+        for trial in range(12):
+            prefix = f"odb/trial{trial}/"
+            prefixes.put(prefix)
+            assert left.get(timeout=120) == "left"
+            started = time.monotonic()
+            with pytest.raises(RuntimeError) as caught:
+                comm.AlignmentGroup(ranks[0], prefix).sum_counts([1])
+            outcomes.append((time.monotonic() - started, str(caught.value)))
+            if "Connect timeout" in outcomes[-1][1]:
+                break
+    finally:
+        prefixes.put(None)
+        peer.join(30)
+        if peer.is_alive():
+            peer.kill()
+    for waited, message in outcomes:  # init_timeout_s, a 2 s wait for a note, slack
+        assert waited <= _INIT_S + 2.0 + 3.0, outcomes
+        assert where in message or "collate side is gone" in message, outcomes
+    if not any("Connect timeout" in message for _, message in outcomes):
+        pytest.skip(f"rank 0 was never the side that waits in {len(outcomes)} draws")
