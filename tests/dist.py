@@ -4,6 +4,8 @@ Every distributed test uses this helper so that a bug shows up as a clear failur
 as a hung test run:
 
 - a rank that raises is named, with its full traceback;
+- a fresh rank that returns but then exits with another code than 0 (an abort while
+  the interpreter ends) is named, with its code;
 - ranks still running at the deadline are named as hung, with the Python stacks they
   were stuck in (faulthandler, dumped on SIGUSR1 just before they are killed);
 - when the helper returns or raises, every rank process and its descendants are dead,
@@ -241,6 +243,10 @@ class _Rank:
         if self._proc is not None:
             with contextlib.suppress(psutil.Error):
                 self._proc.send_signal(signum)
+
+    def exit_code(self) -> int | None:
+        """A fresh rank's exit code once it has exited; None for a pooled rank or one alive."""
+        return None if self.detached else self._launcher.exitcode
 
     def ended(self) -> str:
         """How the rank ended, for a failure message."""
@@ -510,6 +516,8 @@ def _collect(ranks: Sequence[_Rank], hung: list[int], workdir: str, when: str) -
             status, value = pickle.loads(path.read_bytes())
             if status == "error":
                 failures.append((path.stat().st_mtime_ns, f"rank {number} raised:\n{value}"))
+            elif rank.exit_code() not in (0, None):  # a complete run must exit 0
+                failures.append((time.time_ns(), f"rank {number} returned, then {rank.ended()}"))
             results.append(value)
     if failures or hung:
         # Earliest first: later errors in peers are usually consequences of the first.

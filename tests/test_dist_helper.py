@@ -248,6 +248,20 @@ def test_the_fresh_ranks_marker_spawns_ranks_for_each_call():
     assert _gone(first[0]) and _gone(second[0])
 
 
+def _abort_at_exit(rank: int, world_size: int) -> int:
+    """Returns its result, then aborts while its interpreter ends (as a C++ terminate would)."""
+    import atexit
+
+    atexit.register(os.abort)
+    return rank
+
+
+def test_a_fresh_rank_that_aborts_after_returning_fails_the_call():
+    with pytest.raises(AssertionError, match=r"rank 1 returned, then exited with code -6"):
+        run_ranks(_abort_at_exit, 2, fresh=True, timeout=60)
+    assert _live_descendants() == []
+
+
 _TORCHRUN_SCRIPT = """
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
