@@ -1,10 +1,11 @@
 """Alignment round latency and bytes vs world size, over real Gloo on loopback.
 
 For each world size ``W`` (default 1..8) the parent hosts the store with
-:class:`odb._process.rendezvous.StoreHost` on 127.0.0.1 and spawns ``W`` processes. Each builds
-:class:`odb._process.comm.AlignmentGroup` from an :class:`odb._process.rendezvous.Rendezvous` (what an ODB
-collate process does) and, in the same run, a raw ``ProcessGroupGloo`` under another
-store prefix. Per round (after a warm-up) it times, alternating which goes first:
+:class:`odb._process.rendezvous.StoreHost` on 127.0.0.1 and spawns ``W`` processes.
+Each builds :class:`odb._process.comm.AlignmentGroup` from an
+:class:`odb._process.rendezvous.Rendezvous` (what an ODB collate process does) and,
+in the same run, a raw ``ProcessGroupGloo`` under another store prefix. Per round
+(after a warm-up) it times, alternating which goes first:
 
 * ``gather_status``: ODB's status all-gather (one ``STATUS_WIDTH``-int64 row per rank,
   encode/decode included);

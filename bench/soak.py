@@ -54,6 +54,8 @@ from typing import Any
 
 import torch.multiprocessing
 
+from bench.early_stop import EarlyStop, draw_stop, early_stop_scenario, resume, stop_early
+from bench.early_stop import audit as audit_early_stop
 from tests.dist import run_ranks
 from tests.odb.scenarios import SETUPS, Scenario, check_scenario, draw_lengths, run_scenario
 
@@ -66,6 +68,7 @@ COUNTERS = (
     "duplicated_ids",
     "step_count_disagreements",
     "budget_violations",
+    "abnormal_exits",
 )
 
 
@@ -76,26 +79,34 @@ class Draw:
     scenario: Scenario
     worker_start: str  # the ranks' global start method (their DataLoader workers')
     sharing: str  # torch.multiprocessing's sharing strategy
+    stop: EarlyStop | None = None  # the early-stop draw (bench/early_stop.py)
 
 
 def draw(seed: int, quick: bool = False) -> Draw:
-    """The scenario of ``seed``, its ranks' start method and sharing strategy.
+    """The scenario of ``seed``, its ranks' start method and sharing strategy, and
+    whether it stops early (:mod:`bench.early_stop`).
 
     ``quick`` (the CI slice) draws the same space but cheaper: one or two epochs, at
     most 60 samples, a collate process in a third of the scenarios (each costs a
     process start per epoch) and forked workers only.
     """
-    if quick:
-        scenario = draw(seed).scenario
-        rng = random.Random(seed * 7919 + 1)
-        mode = "process" if rng.random() < 1 / 3 else "thread"
-        options = dict(scenario.options, collate_mode=mode)
-        options.pop("collate_start_method", None)
-        lengths = scenario.lengths[:60]
-        epochs = min(scenario.epochs, 2)
-        quick_scenario = Scenario(seed, scenario.world_size, lengths, options, epochs=epochs)
-        quick_scenario, sharing = _with_processes(quick_scenario, rotate=True)
-        return Draw(_with_setup(quick_scenario, rotate=True), "fork", sharing)
+    return _with_stop(_draw_quick(seed) if quick else _draw_full(seed), quick)
+
+
+def _draw_quick(seed: int) -> Draw:
+    scenario = _draw_full(seed).scenario
+    rng = random.Random(seed * 7919 + 1)
+    mode = "process" if rng.random() < 1 / 3 else "thread"
+    options = dict(scenario.options, collate_mode=mode)
+    options.pop("collate_start_method", None)
+    lengths = scenario.lengths[:60]
+    epochs = min(scenario.epochs, 2)
+    quick_scenario = Scenario(seed, scenario.world_size, lengths, options, epochs=epochs)
+    quick_scenario, sharing = _with_processes(quick_scenario, rotate=True)
+    return Draw(_with_setup(quick_scenario, rotate=True), "fork", sharing)
+
+
+def _draw_full(seed: int) -> Draw:
     rng = random.Random(seed)
     world_size = rng.randint(1, 4)
     mode = rng.choice(["thread", "process"])
@@ -130,6 +141,20 @@ def draw(seed: int, quick: bool = False) -> Draw:
     scenario = Scenario(seed, world_size, lengths, options, epochs=rng.choice([1, 2, 3]))
     scenario, sharing = _with_processes(scenario)
     return Draw(_with_setup(scenario), start_method, sharing)
+
+
+def _with_stop(drawn: Draw, quick: bool) -> Draw:
+    """Draw whether the scenario stops early (:func:`bench.early_stop.draw_stop`); if so
+    it becomes an early-stop scenario, run on fresh ranks of its own."""
+    stop = draw_stop(drawn.scenario.seed, quick)
+    if stop is None:
+        return drawn
+    scenario = early_stop_scenario(drawn.scenario)
+    if quick:  # two launches of fresh ranks each: the CI slice keeps them small
+        scenario = dataclasses.replace(
+            scenario, world_size=min(scenario.world_size, 2), work=min(scenario.work, 4)
+        )
+    return dataclasses.replace(drawn, scenario=scenario, stop=stop)
 
 
 def _with_processes(scenario: Scenario, rotate: bool = False) -> tuple[Scenario, str]:
@@ -271,25 +296,33 @@ def run_soak(
     """Run ``scenarios`` seeded scenarios (seeds ``seed .. seed + scenarios - 1``)."""
     started = time.perf_counter()
     seeds = list(range(seed, seed + scenarios))
+    chunks: list[tuple[int, list[int]]] = []  # (world size, seeds run on one set of ranks)
     by_world: dict[int, list[int]] = {}
     for s in seeds:
-        by_world.setdefault(draw(s, quick).scenario.world_size, []).append(s)
+        drawn = draw(s, quick)
+        if drawn.stop is not None:  # its exit code is the verdict: ranks of its own
+            chunks.append((drawn.scenario.world_size, [s]))
+        else:
+            by_world.setdefault(drawn.scenario.world_size, []).append(s)
+    for world, group in sorted(by_world.items()):
+        chunks += [(world, group[at : at + batch]) for at in range(0, len(group), batch)]
     totals: Counter = Counter({key: 0 for key in COUNTERS})
     failures: list[dict[str, Any]] = []
     done = 0
-    for world, group in sorted(by_world.items()):
-        for at in range(0, len(group), batch):
-            chunk = group[at : at + batch]
+    for world, chunk in chunks:
+        if draw(chunk[0], quick).stop is not None:
+            _run_early_stop(world, chunk[0], limit_s, quick, totals, failures)
+        else:
             _run_chunk(world, chunk, limit_s, quick, totals, failures)
-            done += len(chunk)
-            if not quiet:
-                elapsed = time.perf_counter() - started
-                print(
-                    f"[{elapsed:7.1f}s] {done}/{scenarios} scenarios, W={world}, "
-                    f"failures so far: {len(failures)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        done += len(chunk)
+        if not quiet:
+            elapsed = time.perf_counter() - started
+            print(
+                f"[{elapsed:7.1f}s] {done}/{scenarios} scenarios, W={world}, "
+                f"failures so far: {len(failures)}",
+                file=sys.stderr,
+                flush=True,
+            )
     quick_flag = " --quick" if quick else ""
     return dict(
         command=f"python -m bench.soak --scenarios {scenarios} --seed {seed}{quick_flag}",
@@ -298,7 +331,9 @@ def run_soak(
         **{key: totals[key] for key in COUNTERS},
         failures=len(failures),
         failure_details=failures,
-        by_world_size={w: len(g) for w, g in sorted(by_world.items())},
+        by_world_size=dict(
+            sorted(Counter(draw(s, quick).scenario.world_size for s in seeds).items())
+        ),
         **_coverage([draw(s, quick) for s in seeds]),
         limit_s_per_scenario=limit_s,
         wall_s=round(time.perf_counter() - started, 1),
@@ -340,6 +375,61 @@ def _run_chunk(
         failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
 
 
+def _run_early_stop(
+    world: int,
+    seed: int,
+    limit_s: float,
+    quick: bool,
+    totals: Counter,
+    failures: list[dict[str, Any]],
+) -> None:
+    """Run the early-stop scenario of ``seed`` on fresh ranks; add what it found."""
+    drawn = draw(seed, quick)
+    try:
+        stopped = run_ranks(_run_stopping, world, drawn, timeout=limit_s, fresh=True)
+        pieces = [r["piece"] for r in stopped]
+        resumed = [[] for _ in range(world)]
+        if all(r["stopped"] for r in stopped):  # else the pieces start the next epoch
+            resumed = run_ranks(_run_resuming, world, drawn, pieces, timeout=limit_s, fresh=True)
+    except AssertionError as exc:
+        text = str(exc)
+        kind = (
+            "hang" if "hung" in text else "abnormal exit" if "returned, then" in text else "crash"
+        )
+        totals["hangs"] += kind == "hang"
+        totals["abnormal_exits"] += kind == "abnormal exit"
+        failures.append(dict(seed=seed, kind=kind, message=text[-2000:]))
+        return
+    found = audit_early_stop(drawn.scenario, stopped, resumed)
+    for key in COUNTERS:
+        totals[key] += found.get(key, 0)
+    bad = {k: found[k] for k in COUNTERS if found.get(k)}
+    if bad or "invariant" in found:
+        failures.append(
+            dict(seed=seed, kind="invariant", counts=bad, message=found.get("invariant"))
+        )
+
+
+def _set_up(drawn: Draw) -> None:
+    multiprocessing.set_start_method(drawn.worker_start, force=True)
+    torch.multiprocessing.set_sharing_strategy(drawn.sharing)
+
+
+def _run_stopping(rank: int, world_size: int, drawn: Draw) -> dict[str, Any]:
+    """Rank body of an early-stop scenario's first launch (:func:`bench.early_stop.stop_early`)."""
+    assert drawn.stop is not None
+    _set_up(drawn)
+    return stop_early(drawn.scenario, drawn.stop)
+
+
+def _run_resuming(
+    rank: int, world_size: int, drawn: Draw, pieces: list[dict[str, Any]]
+) -> list[list[int]]:
+    """Rank body of its second launch (:func:`bench.early_stop.resume`)."""
+    _set_up(drawn)
+    return resume(drawn.scenario, pieces)
+
+
 def _coverage(draws: list[Draw]) -> dict[str, Any]:
     """How the drawn scenarios cover the space: counts by collate mode and start, sharing
     strategy, workers, termination and set-up, and the number of rank-0-only saves."""
@@ -355,6 +445,7 @@ def _coverage(draws: list[Draw]) -> dict[str, Any]:
         by_termination=dict(Counter("join" if d.options["join"] else "non-join" for d in drawn)),
         by_setup=dict(sorted(Counter(d.setup for d in drawn).items())),
         rank0_only_saves=sum(1 for d in drawn if d.save_step),
+        by_early_stop=dict(sorted(Counter(d.stop.kind for d in draws if d.stop).items())),
     )
 
 

@@ -30,15 +30,23 @@ SETUPS = ("global", "sampler", "per_rank", "stream_rank", "stream_worker")
 
 
 class LengthDataset:
-    """Map-style dataset whose item ``i`` is a sample of ``lengths[i]`` tokens."""
+    """Map-style dataset whose item ``i`` is a sample of ``lengths[i]`` tokens.
 
-    def __init__(self, lengths: list[int]) -> None:
-        self.lengths = lengths
+    ``work``: matrix products (384 x 384, a few ms each) a sample costs before it is
+    made, as a decode or a transform would (0: none).
+    """
+
+    def __init__(self, lengths: list[int], work: int = 0) -> None:
+        self.lengths, self.work = lengths, work
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self.work:
+            x = torch.randn(384, 384, generator=torch.Generator().manual_seed(index))
+            for _ in range(self.work):
+                x = torch.tanh(x @ x)  # each product releases and re-takes the GIL
         return make_sample(index, self.lengths[index])
 
 
@@ -83,6 +91,7 @@ class Scenario:
     epochs: int = 1
     setup: str = "global"
     save_step: int = 0  # rank 0 alone takes its state piece after this step (0: never)
+    work: int = 0  # torch work per sample of a map-style dataset (LengthDataset)
 
 
 def draw_lengths(
@@ -146,14 +155,14 @@ def build_loader(scenario: Scenario, rank: int, world_size: int) -> tuple[odb.OD
     """
     lengths, options, setup = scenario.lengths, scenario.options, scenario.setup
     if setup == "global":
-        return odb.ODBLoader(LengthDataset(lengths), **options), None
+        return odb.ODBLoader(LengthDataset(lengths, scenario.work), **options), None
     if setup == "sampler":
         order = random.Random(scenario.seed).sample(range(len(lengths)), len(lengths))
-        loader = odb.ODBLoader(LengthDataset(lengths), sampler=order, shard="odb", **options)
-        return loader, None
+        dataset = LengthDataset(lengths, scenario.work)
+        return odb.ODBLoader(dataset, sampler=order, shard="odb", **options), None
     if setup == "per_rank":
         own = list(range(rank, len(lengths), world_size))
-        dataset = LengthDataset([lengths[i] for i in own])
+        dataset = LengthDataset([lengths[i] for i in own], scenario.work)
         return odb.ODBLoader(dataset, shard="rank", **options), own
     if setup == "stream_rank":
         stream = OwnStream(lengths, rank, world_size)

@@ -1,4 +1,5 @@
-"""CI slice of the randomized soak (``python -m bench.soak``): 30 scenarios, all clean.
+"""CI slice of the randomized soak (``python -m bench.soak``): 30 scenarios, all clean
+(three of them stop early, one each way, and resume in a second launch).
 
 The full run (hundreds of scenarios, reported in ``docs/reliability.md``) draws the same
 space; this slice uses its cheaper ``quick`` draw so it stays near a minute on 2 cores.
@@ -11,6 +12,7 @@ import os
 
 import pytest
 
+from bench.early_stop import STOPS
 from bench.soak import COUNTERS, run_soak
 from tests.odb.scenarios import SETUPS
 
@@ -35,6 +37,8 @@ def test_soak_slice_is_clean() -> None:
     # ... including every way of deciding who reads which sample, and rank-0-only saves.
     assert set(result["by_setup"]) == set(SETUPS), result["by_setup"]
     assert result["rank0_only_saves"] > 0
+    # ... and a run stopped early each way, resumed in a second launch (bench/early_stop.py).
+    assert set(result["by_early_stop"]) == set(STOPS), result["by_early_stop"]
 
 
 # Seeds the full soak once failed on, kept as regressions (docs/reliability.md).
