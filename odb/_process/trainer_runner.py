@@ -32,6 +32,8 @@ Failure contract (``docs/reliability.md`` has the full table):
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
+import os
 import pickle
 import queue
 import time
@@ -55,17 +57,37 @@ _STARTUP_GRACE_S = 30.0
 _LIVE_RUNNERS: weakref.WeakSet[CollateRunner] = weakref.WeakSet()
 
 
+_EXIT_FINALIZER_PID = 0  # the process that registered _close_live_runners as a finalizer
+
+
 @atexit.register
 def _close_live_runners() -> None:
     # Registered after multiprocessing's own exit hook, so it runs first: a collate
     # process still waiting for its trainer would otherwise block interpreter exit.
     # All are told first, so their stops overlap (a collate thread's peers stop too);
     # then each is joined (a thread until it has ended: none may run at finalization).
+    # Idempotent: it also runs as a multiprocessing finalizer (_register_exit_finalizer).
     runners = list(_LIVE_RUNNERS)
     for runner in runners:
         runner.request_stop()
     for runner in runners:
         runner.close(timeout_s=1.0)
+
+
+def _register_exit_finalizer() -> None:
+    """Run :func:`_close_live_runners` before multiprocessing joins this process's children.
+
+    A process that multiprocessing started (a ``torch.multiprocessing.spawn`` rank, a
+    ``Process`` target) joins its non-daemon children when its target returns, before
+    any atexit hook; a collate process (non-daemon: it has DataLoader workers) whose
+    loader is still referenced then waits for its trainer forever, and the rank never
+    exits. Finalizers of priority >= 0 run before that join. Once per process: a forked
+    child starts with none.
+    """
+    global _EXIT_FINALIZER_PID
+    if _EXIT_FINALIZER_PID != os.getpid():
+        multiprocessing.util.Finalize(None, _close_live_runners, exitpriority=100)
+        _EXIT_FINALIZER_PID = os.getpid()
 
 
 class RemoteTraceback(Exception):
@@ -105,6 +127,7 @@ class CollateRunner:
         self._side: Transport = open_transport(spec, config, rank, rendezvous)
         self.where = self._side.where
         _LIVE_RUNNERS.add(self)
+        _register_exit_finalizer()
 
     def begin(self, job: EpochJob, prefix: str) -> None:
         """Start the epoch ``job`` on the collate side; ``prefix`` names its group."""

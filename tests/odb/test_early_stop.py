@@ -9,13 +9,17 @@ active exception", exit code 134) in every run.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.dist import run_torchrun
+import odb
+from tests.dist import kill_tree, run_torchrun
+from tests.odb.scenarios import LengthDataset
 
 SCRIPT = Path(__file__).with_name("early_stop_script.py")
 ROOT = SCRIPT.parents[2]
@@ -49,3 +53,38 @@ def test_early_stop_exits_cleanly_at_one_rank(variant: str) -> None:
 def test_early_stop_exits_cleanly_at_two_ranks(variant: str) -> None:
     for _ in range(RUNS[2]):
         _check(*run_torchrun(SCRIPT, 2, [variant], timeout=240, env={"PYTHONPATH": str(ROOT)}))
+
+
+_KEPT: list[Any] = []  # what the child's target leaves referenced when it returns
+
+
+def _hold(what: str) -> None:
+    """A multiprocessing child's target: a process-mode loader, started and idle
+    (``loader``) or with an epoch's iterator (``iterator``), still referenced at return."""
+    loader = odb.ODBLoader(
+        LengthDataset([8] * 32), token_budget=16, collate_mode="process", queue_depth=1
+    )
+    if what == "loader":
+        loader.start()
+        _KEPT.append(loader)
+    else:
+        iterator = iter(loader)
+        next(iterator)
+        _KEPT.append(iterator)
+
+
+@pytest.mark.parametrize("what", ["loader", "iterator"])
+def test_a_multiprocessing_child_holding_a_loader_exits(what: str) -> None:
+    # A process multiprocessing started (torch.multiprocessing.spawn's ranks) joins its
+    # non-daemon children when its target returns, before atexit hooks: the collate
+    # process, waiting for its trainer, was joined forever (found by the soak's
+    # early-stop draw, seed 8).
+    child = mp.get_context("spawn").Process(target=_hold, args=(what,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        kill_tree([child.pid], groups=[])
+        child.join()
+    assert not alive, "still running 60 s after its target returned"
+    assert child.exitcode == 0, child.exitcode
