@@ -7,6 +7,8 @@ Layout of one checkpoint folder (``<out_dir>/checkpoints/step_000040/`` or ``fin
     trainer_state.json     run id, steps, epoch, counters, loss curve, schedule, config
     optimizer.pt           DDP: the optimizer state (replicated, written by rank 0)
     deepspeed/             DeepSpeed: its own collective checkpoint (partitioned states)
+    fsdp/                  FSDP: torch.distributed.checkpoint of the sharded model and
+                           optimizer (resumable at another world size)
     loader/rank{r}.pt      each rank's loader state piece
     ranks/rank{r}.pt       each rank's Python / numpy / torch RNG states and its own
                            counters (padded tokens, IDLE steps, data wait)
@@ -42,11 +44,19 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def write_model(folder: Path, model: torch.nn.Module, processor_files: list[Any]) -> Path:
-    """``model/`` (full) or ``adapter/`` (peft) with the tokenizer and image processor."""
+def write_model(folder: Path, model: torch.nn.Module, processor_files: list[Any],
+                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """``model/`` (full) or ``adapter/`` (peft) with the tokenizer and image processor.
+
+    ``state_dict``: the whole model's state when ``model`` holds shards of it (FSDP:
+    ``Strategy.full_state_dict``); None saves ``model.state_dict()``.
+    """
     is_adapter = hasattr(model, "peft_config")
     target = folder / ("adapter" if is_adapter else "model")
-    model.save_pretrained(target)
+    if state_dict is None:
+        model.save_pretrained(target)
+    else:
+        model.save_pretrained(target, state_dict=state_dict)
     for item in processor_files:
         item.save_pretrained(target)
     return target
@@ -94,8 +104,9 @@ def save_checkpoint(folder: Path, *, rank: int, strategy: Any, loader: Any,
     (folder / "loader" / f"rank{rank}.pt").write_bytes(pickle.dumps(loader.state_dict()))
     torch.save({"rng": _rng_state(), "local": local}, folder / "ranks" / f"rank{rank}.pt")
     strategy.save(folder, rank)
+    whole = strategy.full_state_dict()  # collective under FSDP
     if rank == 0:
-        write_model(folder, strategy.model, processor_files)
+        write_model(folder, strategy.model, processor_files, whole)
         (folder / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))
     _barrier()
     if rank == 0:

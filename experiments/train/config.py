@@ -240,7 +240,8 @@ class StrategyConfig:
     """How ranks train together: the training strategy (``experiments/train/strategy.py``).
 
     Attributes:
-        name: ``ddp`` (``DistributedDataParallel``) or ``deepspeed`` (ZeRO).
+        name: ``ddp`` (``DistributedDataParallel``), ``deepspeed`` (ZeRO) or ``fsdp``
+            (torch FSDP2, ``fully_shard`` on every transformer block).
         zero_stage: DeepSpeed ZeRO stage (0-2; the paper used 2).
         backend: Process-group backend; ``auto`` takes NCCL on GPU, Gloo on CPU.
         device: ``cuda``: the run needs a GPU per local rank and refuses to start
@@ -254,7 +255,7 @@ class StrategyConfig:
         2
     """
 
-    name: Literal["ddp", "deepspeed"] = "ddp"
+    name: Literal["ddp", "deepspeed", "fsdp"] = "ddp"
     zero_stage: int = 2
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     device: Literal["auto", "cuda"] = "auto"

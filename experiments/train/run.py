@@ -359,7 +359,7 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
         max_steps=cfg.train.max_steps, log_every=cfg.run.log_every,
         save_every=cfg.run.save_every, save=checkpoint.save))
     _sum_rank_counters(counters, d.device)
-    _save_final(out_dir / "final", d.rank, model, _state(cfg, counters, schedule),
+    _save_final(out_dir / "final", d.rank, strategy, _state(cfg, counters, schedule),
                 checkpoint.processor_files)
     validation = _validate(cfg, model, val_set, d.device)
     if d.rank != 0:
@@ -435,7 +435,7 @@ def _restore(folder: Path, d: Dist, strategy: Strategy, loader: Any, cfg: TrainC
              out_dir: Path) -> tuple[Counters, float]:
     """Load the checkpoint into the strategy and the loader; (counters, progress reached)."""
     state = ckpt.read_state(folder)
-    strategy.load(folder)  # DDP: the optimizer (weights came with the model); DeepSpeed: both
+    strategy.load(folder)  # DDP: the optimizer (weights came with the model); else both
     loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged
     counters = Counters(**state["counters"]).with_local(ckpt.load_rank_state(folder, d.rank))
     # A checkpoint on an epoch's short last window holds a loader whose epoch is done
@@ -448,13 +448,14 @@ def _restore(folder: Path, d: Dist, strategy: Strategy, loader: Any, cfg: TrainC
     return counters, float(state["schedule"]["fraction"])
 
 
-def _save_final(folder: Path, rank: int, model: torch.nn.Module, state: dict[str, Any],
+def _save_final(folder: Path, rank: int, strategy: Strategy, state: dict[str, Any],
                 processor_files: list[Any]) -> None:
+    whole = strategy.full_state_dict()  # collective under FSDP
     if rank == 0:
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        ckpt.write_model(folder, model, processor_files)
+        ckpt.write_model(folder, strategy.model, processor_files, whole)
         (folder / ckpt.STATE_FILE).write_text(json.dumps(state, indent=1))
     dist.barrier()
 

@@ -1,14 +1,15 @@
-"""How the model trains across processes: plain DDP or DeepSpeed ZeRO, behind one interface.
+"""How the model trains across processes: plain DDP, DeepSpeed ZeRO or torch FSDP2, behind
+one interface.
 
 Each strategy turns the loader's epoch into ``odb.integrations`` windows (DDP:
-:mod:`odb.integrations.ddp`; DeepSpeed: :mod:`odb.integrations.deepspeed`), runs a
-micro-step's forward and backward, and applies the window's gradients; the recipe's
-loop never touches gradient synchronisation. The loss contract is the same for both
-(SPEC 2.4): the model returns ``sum(token losses) / info.loss_normalizer`` (HF's
-``num_items_in_batch``), and gradient averaging over ``W`` ranks turns that into the
-gradient of the global per-token mean over the window, so neither strategy rescales
-again. An IDLE step is an ordinary micro-step (all labels masked: an exact zero loss
-with a graph, whose backward fires every gradient hook).
+:mod:`odb.integrations.ddp`; DeepSpeed: :mod:`odb.integrations.deepspeed`; FSDP:
+:mod:`odb.integrations.fsdp`), runs a micro-step's forward and backward, and applies the
+window's gradients; the recipe's loop never touches gradient synchronisation. The loss
+contract is the same for all (SPEC 2.4): the model returns ``sum(token losses) /
+info.loss_normalizer`` (HF's ``num_items_in_batch``), and gradient averaging over ``W``
+ranks turns that into the gradient of the global per-token mean over the window, so no
+strategy rescales again. An IDLE step is an ordinary micro-step (all labels masked: an
+exact zero loss with a graph, whose backward fires every gradient hook).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from experiments.train.config import OptimConfig, StrategyConfig
-from odb.integrations import ddp, deepspeed
+from odb.integrations import ddp, deepspeed, fsdp
 from odb.integrations.window import Window
 
-__all__ = ["DDPStrategy", "DeepSpeedStrategy", "Strategy", "make_strategy"]
+__all__ = ["DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "Strategy", "make_strategy"]
 
 
 class Strategy(Protocol):
@@ -47,6 +48,11 @@ class Strategy(Protocol):
 
     def save(self, folder: Path, rank: int) -> None: ...
     def load(self, folder: Path) -> None: ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole model's state on rank 0 to export, or None where
+        ``model.state_dict()`` is whole on every rank already."""
+        ...
 
 
 def _optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -93,6 +99,9 @@ class DDPStrategy:
     def load(self, folder: Path) -> None:
         state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state)
+
+    def full_state_dict(self) -> None:
+        return None
 
 
 class DeepSpeedStrategy:
@@ -145,6 +154,80 @@ class DeepSpeedStrategy:
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder / 'deepspeed'}")
 
+    def full_state_dict(self) -> None:
+        return None  # ZeRO 0-2 keep whole weights on every rank
+
+
+class FSDPStrategy:
+    """torch FSDP2: ``fully_shard`` on every transformer block (the model's
+    ``_no_split_modules``: decoder layers, vision blocks) and on the root, and a torch
+    optimizer over the sharded parameters.
+
+    LoRA works as it is (frozen and trained parameters may share a group). Parameters,
+    gradients and optimizer states are sharded over the ranks; the checkpoint is
+    ``torch.distributed.checkpoint`` under ``fsdp/`` (resumable at another world size),
+    and the exported model is gathered to rank 0 (:meth:`full_state_dict`).
+    """
+
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig, device: torch.device) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        blocks = _block_names(model)
+        for module in model.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module)
+        fully_shard(model)
+        self.model, self.optim_cfg, self.device = model, optim, device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = _optimizer(self.params, optim)
+
+    def windows(self, loader: Any) -> Iterator[Window]:
+        return fsdp.windows(self.model, loader, self.device)
+
+    def micro_step(self, window: Any, batch: dict[str, Any], normalizer: float) -> torch.Tensor:
+        return _forward_backward(self.model, window, batch, normalizer)
+
+    def optimizer_step(self) -> None:
+        if self.optim_cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, folder: Path, rank: int) -> None:
+        from torch.distributed.checkpoint import save
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        save({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder / "fsdp")
+
+    def load(self, folder: Path) -> None:
+        from torch.distributed.checkpoint import load
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        if not (folder / "fsdp" / ".metadata").is_file():
+            raise FileNotFoundError(f"no FSDP checkpoint under {folder / 'fsdp'}")
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        load(state, checkpoint_id=folder / "fsdp")
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint import state_dict as dcp_state
+
+        options = dcp_state.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return dcp_state.get_model_state_dict(self.model, options=options)
+
+
+def _block_names(model: torch.nn.Module) -> set[str]:
+    """Class names of the model's transformer blocks (HF's ``_no_split_modules``)."""
+    names = {name for module in model.modules()
+             for name in (getattr(module, "_no_split_modules", None) or [])}
+    if not names:
+        raise ValueError(f"{type(model).__name__} names no blocks (_no_split_modules) to "
+                         "fully_shard; strategy.name=fsdp needs a Hugging Face model")
+    return names
+
 
 def _forward_backward(module: Any, window: Any, batch: dict[str, Any],
                       normalizer: float) -> torch.Tensor:
@@ -175,5 +258,7 @@ def make_strategy(model: torch.nn.Module, cfg: StrategyConfig, optim: OptimConfi
     """The strategy ``cfg.name`` names, over the initialised default process group."""
     if cfg.name == "deepspeed":
         return DeepSpeedStrategy(model, cfg, optim, bf16)
+    if cfg.name == "fsdp":
+        return FSDPStrategy(model, optim, device)
     world = dist.get_world_size() if dist.is_initialized() else 1
     return DDPStrategy(model, cfg, optim, world, device)

@@ -1,5 +1,6 @@
 """Through the real entry point at W=2, the first optimizer step's gradient equals one
-process's gradient of the per-token mean loss over the same samples (SPEC 2.4).
+process's gradient of the per-token mean loss over the same samples (SPEC 2.4), under
+DDP and under FSDP2 (``strategy.name=fsdp``: sharded gradients, gathered to export).
 
 Three samples over two ranks with one sample per step and grad_accum_steps=2: one rank
 runs two real micro-steps, the other one real step and one IDLE step, in the same
@@ -51,13 +52,16 @@ def _reference_grads(model_dir: Path, samples: list[dict], pad_id: int) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("method", ["odb", "standard"])
+@pytest.mark.parametrize(("method", "strategy"),
+                         [("odb", "ddp"), ("standard", "ddp"), ("odb", "fsdp")])
 def test_first_step_gradient_is_the_global_per_token_mean(
-        method: str, base_config: Path, tiny_model_dir: Path, ultrachat_train, tmp_path: Path
+        method: str, strategy: str, base_config: Path, tiny_model_dir: Path, ultrachat_train,
+        tmp_path: Path
 ) -> None:
     lengths = [ultrachat_train.length(i) for i in range(3)]
     assert min(lengths) + max(lengths) > 1024, "premise: every group is a single sample"
     extra = ("method.baseline.batch_size=1",) if method == "standard" else ()
+    extra += (f"strategy.name={strategy}",)
     result = train(base_config, tmp_path, f"method/{method}.yaml", overrides=EXACT + extra)
     assert (result["steps"], result["idle_steps"], result["emitted_samples"]) == (2, 1, 3)
     ids, idle = _first_window(tmp_path)

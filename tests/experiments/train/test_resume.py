@@ -30,10 +30,16 @@ STANDARD_STEPS = 16
 KILL_AFTER = 4
 
 
-def _start(base: Path, out: Path, method: str) -> subprocess.Popen:
+def _layers(method: str, strategy: str) -> list[str]:
+    """The config layers of a run of ``method`` under ``strategy`` (fsdp: with LoRA)."""
+    layers = [f"method/{method}.yaml"]
+    return layers + (["strategy/fsdp.yaml", "mode/lora.yaml"] if strategy == "fsdp" else [])
+
+
+def _start(base: Path, out: Path, layers: list[str]) -> subprocess.Popen:
+    configs = [arg for layer in layers for arg in ("--config", str(CONFIGS / layer))]
     cmd = torchrun_command("experiments.train", 2, [
-        "--config", str(base), "--config", str(CONFIGS / "method" / f"{method}.yaml"),
-        f"run.out_dir={out}", *RESUMABLE], module=True)
+        "--config", str(base), *configs, f"run.out_dir={out}", *RESUMABLE], module=True)
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, **ENV}, start_new_session=True)
 
@@ -55,18 +61,21 @@ def _kill_after_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 1
 
 def _emitted(out: Path) -> list[int]:
     ids = []
-    for rank in (0, 1):
-        for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
+    for log in out.glob("samples_rank*.jsonl"):
+        for line in log.read_text().splitlines():
             ids += json.loads(line)["ids"]
     return sorted(ids)
 
 
-@pytest.mark.parametrize("method", ["standard", "odb"])
-def test_sigkill_then_resume_is_exactly_once(method: str, base_config: Path,
-                                             tmp_path: Path) -> None:
-    _kill_after_checkpoint(_start(base_config, tmp_path, method), tmp_path)
-    result = train(base_config, tmp_path, f"method/{method}.yaml",
-                   overrides=("--resume", "auto", *RESUMABLE))
+# FSDP (LoRA) resumes at W=3: DCP reshards the model and optimizer, the loader re-deals.
+@pytest.mark.parametrize(("method", "strategy", "resume_world"),
+                         [("standard", "ddp", 2), ("odb", "ddp", 2), ("odb", "fsdp", 3)])
+def test_sigkill_then_resume_is_exactly_once(method: str, strategy: str, resume_world: int,
+                                             base_config: Path, tmp_path: Path) -> None:
+    layers = _layers(method, strategy)
+    _kill_after_checkpoint(_start(base_config, tmp_path, layers), tmp_path)
+    result = train(base_config, tmp_path, *layers, overrides=("--resume", "auto", *RESUMABLE),
+                   world=resume_world)
     assert result["segments"] == 2
     saved = json.loads((tmp_path / "checkpoints" / f"step_{KILL_AFTER:06d}" /
                         "trainer_state.json").read_text())["counters"]
