@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers import SLURM_MODULES, worker_group
+from tests.workers import RUN_MODULES, SLURM_MODULES, worker_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,9 +24,10 @@ def test_records_its_worker(i):
 """
 
 
-def test_slurm_modules_and_the_core_go_beside_the_rest() -> None:
-    for module in SLURM_MODULES:
+def test_slurm_modules_the_runs_and_the_core_go_beside_the_rest() -> None:
+    for module in SLURM_MODULES | RUN_MODULES:
         assert worker_group(f"{module}::test_x[a::b]") == "beside"
+        assert Path(ROOT, module).is_file(), module  # a renamed module would go back
     assert worker_group("tests/odb/core/test_grouping.py::TestX::test_y") == "beside"
     assert worker_group("tests/odb/test_faults.py::test_stall") == "rest"
     assert worker_group("tests/odb/test_core.py::test_x") == "rest"
