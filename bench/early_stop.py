@@ -134,8 +134,10 @@ def _consume(
 def audit(
     scenario: Scenario, stopped: list[dict[str, Any]], resumed: list[list[list[int]]]
 ) -> dict[str, Any]:
-    """``lost_ids``, ``duplicated_ids`` and ``step_count_disagreements`` of one launch,
-    and ``invariant`` when a rank yielded an id outside the dataset."""
+    """``lost_ids``, ``duplicated_ids`` and ``step_count_disagreements`` over both
+    launches (``stopped``: the first's rank results; ``resumed``: the second's, empty
+    when the epoch ended before the stop), and ``invariant`` for an id outside the
+    dataset."""
     parts = [[r["before"] for r in stopped], resumed]
     seen = Counter(i for part in parts for rank_steps in part for step in rank_steps for i in step)
     counts = {
