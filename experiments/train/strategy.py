@@ -64,6 +64,16 @@ def _optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.opti
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
+def _clip_and_step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                   cfg: OptimConfig) -> None:
+    """Clip the window's gradients (``max_grad_norm`` > 0), step, and clear them; FSDP's
+    sharded gradients are clipped by their global norm the same way."""
+    if cfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 class DDPStrategy:
     """``DistributedDataParallel`` (or the bare model at one rank) and a torch optimizer."""
 
@@ -87,10 +97,7 @@ class DDPStrategy:
         return _forward_backward(self.wrapped, window, batch, normalizer)
 
     def optimizer_step(self) -> None:
-        if self.optim_cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        _clip_and_step(self.params, self.optimizer, self.optim_cfg)
 
     def save(self, folder: Path, rank: int) -> None:
         if rank == 0:  # optimizer state is replicated under DDP
@@ -188,10 +195,7 @@ class FSDPStrategy:
         return _forward_backward(self.model, window, batch, normalizer)
 
     def optimizer_step(self) -> None:
-        if self.optim_cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        _clip_and_step(self.params, self.optimizer, self.optim_cfg)
 
     def save(self, folder: Path, rank: int) -> None:
         from torch.distributed.checkpoint import save
