@@ -8,7 +8,7 @@ preprocessing pipeline with a locally trained tokenizer) this benchmark
    next to the pipeline's cheap ``length(i)`` pass (no pixels) for comparison;
 2. plans one epoch of every baseline from the cached lengths with the loaders' own
    planners (:mod:`baselines.plans`; Sorted uses the cache too, its best case) and
-   simulates ODB with :func:`bench.simulate.simulate` (the real round protocol);
+   simulates ODB with :func:`odb.planning.simulate.simulate` (the real round protocol);
 3. reports per method: steps per epoch, padding efficiency (real / occupied tokens),
    budget fill (mean cost / budget over real steps), IDLE steps, dropped samples
    (counted: samples that no step holds), and, for the baselines, the step imbalance
@@ -34,10 +34,10 @@ import numpy as np
 from baselines.length_cache import build as build_cache
 from baselines.plans import BMTPlan, GMTPlan, PackingPlan, Plan, SortedPlan, StandardPlan
 from bench import _io
-from bench.simulate import simulate, summarize
 from odb.core.budget import GroupMeasure, TokenBudget
 from odb.core.config import ODBConfig
 from odb.core.sharding import epoch_order
+from odb.planning.simulate import simulate, summarize
 
 METHODS = ("standard", "sorted", "gmt", "bmt", "packing", "odb")
 TEXT_ONLY = ("ultrachat",)

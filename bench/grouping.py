@@ -2,7 +2,7 @@
 
 For each of the four length distributions (:mod:`bench.distributions`), each budget
 and world size, and both alignment policies, one epoch is simulated with
-:func:`bench.simulate.simulate` (the collate side's own round driver,
+:func:`odb.planning.simulate.simulate` (the collate side's own round driver,
 :mod:`odb.core.lockstep`, on the real :class:`odb.core.rounds.RankRounds`) and compared with
 
 * **Standard**: a fixed batch of ``budget // cutoff`` samples over the shuffled views
@@ -39,10 +39,17 @@ from pathlib import Path
 
 from bench import _io
 from bench.distributions import CUTOFF, NAMES, lengths, summary
-from bench.simulate import group_stats, oracle, round_robin_views, simulate, standard, summarize
 from odb.core.budget import TokenBudget
 from odb.core.config import ODBConfig
 from odb.core.grouping import SizedSample, form_groups
+from odb.planning.simulate import (
+    group_stats,
+    oracle,
+    round_robin_views,
+    simulate,
+    standard,
+    summarize,
+)
 
 PAD_TARGET = 0.97
 STEPS_TARGET = 1.03

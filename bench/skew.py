@@ -2,7 +2,7 @@
 
 The lengths of one distribution are sorted; the shorter half is rank 0's view, the
 longer half rank 1's (each shuffled with a fixed seed, so the reading order inside a
-view is random). One epoch is simulated per policy with :func:`bench.simulate.simulate`
+view is random). One epoch is simulated per policy with :func:`odb.planning.simulate.simulate`
 on these explicit views.
 
 The heavy rank sets the epoch's length, so a policy is judged by its aligned steps
@@ -21,8 +21,8 @@ import numpy as np
 
 from bench import _io
 from bench.distributions import NAMES, lengths
-from bench.simulate import oracle, simulate, summarize
 from odb.core.config import ODBConfig
+from odb.planning.simulate import oracle, simulate, summarize
 
 FILL_TARGET = 0.7
 POLICIES = ("balanced", "paper")

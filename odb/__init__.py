@@ -3,7 +3,8 @@
 Needs only torch. These names are what a training loop uses: the loader
 (:class:`ODBLoader`, :func:`wrap`) and its config, the token budget, the collate helpers,
 the step info every batch carries and the loss normaliser it holds, the resume state and
-the errors a loader raises. Framework adapters live in :mod:`odb.integrations` and
+the errors a loader raises; and, before training, :func:`plan` (what ODB gives on a
+dataset, at which budget). Framework adapters live in :mod:`odb.integrations` and
 import their framework lazily. Loaders that are not ODB build on :mod:`odb.kit`.
 
 Layout: ``odb/core`` is the pure logic (budget, grouping, alignment, rounds, ...),
@@ -27,6 +28,7 @@ from odb.core.loss import AccumulationNormalizer, count_loss_tokens
 from odb.core.resume import LoaderState
 from odb.core.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
 from odb.loader import ODBLoader
+from odb.planning import PlanReport, StepCost, plan
 from odb.wrapping import wrap
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "ODBLoader",
     "PadCollate",
     "PeerFailedError",
+    "PlanReport",
+    "StepCost",
     "StepInfo",
     "TensorParts",
     "TokenBudget",
@@ -46,6 +50,7 @@ __all__ = [
     "batch_empty",
     "batch_parts",
     "count_loss_tokens",
+    "plan",
     "pop_step_info",
     "wrap",
 ]

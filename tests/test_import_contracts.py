@@ -30,6 +30,7 @@ BROKEN_TREE = {
     "odb/collate.py": "",
     "odb/kit.py": "",
     "odb/integrations/__init__.py": "",
+    "odb/planning/__init__.py": "",
     "odb/_process/__init__.py": "",
     "odb/_process/messages.py": "import odb.core.steps\n",
     "odb/core/__init__.py": "",

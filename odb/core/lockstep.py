@@ -17,7 +17,7 @@ exchanges differs between the places that run it:
 The collate side's epoch driver (:func:`odb._process.collate_epoch.run_epoch`) does 2
 and 4 with real collectives on the alignment group. :class:`LockstepWorld` runs ``W``
 ranks in one process with the all-gather in memory, through the same wire row: the
-benchmark simulator (``bench/simulate.py``) and the state-machine test drive the
+benchmark simulator (``odb/planning/simulate.py``) and the state-machine test drive the
 protocol with it. So there is one round loop, and what the simulator and the tests check
 is what the ranks run.
 

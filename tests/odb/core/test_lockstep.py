@@ -5,7 +5,7 @@ The protocol's guarantees under the driver are the state machine's
 (``tests/odb/core/test_rounds_machine.py``); here: the wire format of collective 2, what
 the driver adds to ``RankRounds`` (the fill loop, a stream's end, ``max_age``, a peer's
 failure, the plan check), and one epoch run both by
-``odb._process.collate_epoch.run_epoch`` (one rank, no peers) and by ``bench.simulate``
+``odb._process.collate_epoch.run_epoch`` (one rank, no peers) and by ``odb.planning.simulate``
 giving the same steps.
 """
 
@@ -24,7 +24,6 @@ import odb.core.buffer
 import odb.core.lockstep
 import odb.core.rounds
 import odb.core.steps
-from bench.simulate import simulate
 from odb._process.collate_epoch import run_epoch
 from odb._process.comm import AlignmentGroup
 from odb._process.messages import EpochJob
@@ -42,6 +41,7 @@ from odb.core.lockstep import (
 from odb.core.rounds import RankRounds
 from odb.core.step_info import STEP_INFO_KEY
 from odb.core.steps import SampleMeter
+from odb.planning.simulate import simulate
 
 INT64 = st.integers(0, 2**62)
 

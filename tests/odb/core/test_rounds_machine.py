@@ -51,12 +51,12 @@ from hypothesis.stateful import (
 )
 
 import odb.core.alignment
-from bench.simulate import simulate, summarize
 from odb.core.budget import GroupMeasure
 from odb.core.config import ODBConfig
 from odb.core.lockstep import LockstepRank, LockstepWorld, Reading
 from odb.core.metrics import EpochMetrics
 from odb.core.rounds import RankRounds
+from odb.planning.simulate import simulate, summarize
 
 PROFILES = ("uniform", "longtail", "bimodal", "oversize")
 MAX_VIEW = 18

@@ -1,5 +1,8 @@
 """A pure multi-rank simulator of ODB's round protocol (no processes, no collectives).
 
+What :func:`odb.plan` predicts with, and what the benchmarks in ``bench/`` simulate with:
+one protocol, driven here and in the loader by the same code.
+
 ``W`` ranks run in lockstep over per-rank views of a list of sample lengths, driven by
 :class:`odb.core.lockstep.LockstepWorld`: the round driver
 :func:`odb._process.collate_epoch.run_epoch` runs on every rank
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from odb.core.budget import GroupMeasure, TokenBudget
 from odb.core.config import ODBConfig
 from odb.core.grouping import SizedSample, form_groups
 from odb.core.lockstep import LockstepRank, LockstepWorld, Pull, Reading
@@ -35,6 +39,7 @@ class RankTrace:
 
     groups: list[list[int]] = field(default_factory=list)  # lengths, one list per real step
     ids: list[list[int]] = field(default_factory=list)  # sample indices, one list per real step
+    costs: list[int] = field(default_factory=list)  # every step's cost in tokens, IDLE = 0
     idle: int = 0
     recirculated: int = 0
     paced_rounds: int = 0
@@ -45,12 +50,15 @@ class RankTrace:
     def steps(self) -> int:
         return len(self.groups) + self.idle
 
-    def record(self, outcome: RoundOutcome) -> None:
-        """One round's steps: its groups (payloads ``(index, length)``), then IDLE."""
+    def record(self, outcome: RoundOutcome, budget: TokenBudget) -> None:
+        """One round's steps, in emission order: its groups (payloads ``(index, length)``),
+        then IDLE; each step's cost under ``budget``'s cost model."""
         for payloads in outcome.payloads:
             self.ids.append([index for index, _ in payloads])
             self.groups.append([length for _, length in payloads])
+            self.costs.append(budget.cost(_measure(self.groups[-1])))
         self.idle += outcome.steps.idle
+        self.costs.extend([0] * outcome.steps.idle)
 
 
 @dataclass
@@ -94,6 +102,7 @@ def simulate(
     max_rounds: int = 1_000_000,
     check: bool = True,
     sample_bytes: Sequence[int] | None = None,
+    sample_patches: Sequence[int] | None = None,
 ) -> SimResult:
     """Run one epoch of ``W`` ranks in lockstep.
 
@@ -110,6 +119,7 @@ def simulate(
             multi-sample group within budget, identity coverage in join mode).
         sample_bytes: Bytes of every sample's data (index -> bytes), for the buffer's
             byte cap (``config.buffer_bytes``); default 0 (a pure-length run).
+        sample_patches: Visual patches of every sample, for ``config.max_patches``.
     """
     if views is None:
         if world_size is None:
@@ -117,11 +127,9 @@ def simulate(
         views = round_robin_views(len(lengths), world_size, config.seed, epoch, config.shuffle)
     views = [list(v) for v in views]
     free = [config.queue_depth if free_slots is None else free_slots] * len(views)
+    readers = [_reader(v, lengths, sample_bytes, sample_patches) for v in views]
     world = LockstepWorld(
-        [
-            LockstepRank(RankRounds(config, len(v)), _reader(v, lengths, sample_bytes), r)
-            for r, v in enumerate(views)
-        ]
+        [LockstepRank(RankRounds(config, len(v)), readers[r], r) for r, v in enumerate(views)]
     )
     traces = [RankTrace() for _ in views]
     targets: list[int] = []
@@ -135,7 +143,7 @@ def simulate(
             tail_rounds += 1
         targets.append(plan.target)
         for trace, outcome in zip(traces, outcomes, strict=True):
-            trace.record(outcome)
+            trace.record(outcome, config.budget)
     else:
         raise RuntimeError(f"no end of epoch after {max_rounds} rounds (livelock?)")
     _finish(traces, world)
@@ -155,7 +163,10 @@ def _finish(traces: Sequence[RankTrace], world: LockstepWorld) -> None:
 
 
 def _reader(
-    view: Sequence[int], lengths: Sequence[int], sample_bytes: Sequence[int] | None
+    view: Sequence[int],
+    lengths: Sequence[int],
+    sample_bytes: Sequence[int] | None,
+    sample_patches: Sequence[int] | None,
 ) -> Pull:
     """A rank's view as a :data:`odb.core.lockstep.Pull`: payloads ``(index, length)``."""
     indices = iter(view)
@@ -164,8 +175,10 @@ def _reader(
         index = next(indices, None)
         if index is None:
             return None
+        length = int(lengths[index])
         nbytes = 0 if sample_bytes is None else int(sample_bytes[index])
-        return Reading(int(lengths[index]), 0, (index, int(lengths[index])), nbytes)
+        patches = 0 if sample_patches is None else int(sample_patches[index])
+        return Reading(length, patches, (index, length), nbytes)
 
     return pull
 
@@ -190,6 +203,13 @@ def _check(result: SimResult, lengths: Sequence[int], views: Sequence[Sequence[i
 
 
 # ----------------------------------------------------------------------------- metrics
+
+
+def _measure(lengths: Sequence[int]) -> GroupMeasure:
+    measure = GroupMeasure()
+    for length in lengths:
+        measure = measure.plus(length)
+    return measure
 
 
 def group_stats(groups: Sequence[Sequence[int]], budget: int) -> dict[str, float]:
@@ -247,8 +267,6 @@ def summarize(result: SimResult) -> dict[str, object]:
 def oracle(lengths: Sequence[int], budget: int, world_size: int) -> dict[str, float]:
     """Offline oracle: global sort + greedy token-budget groups over all samples, dealt
     to ``world_size`` ranks (steps = ceil(groups / W))."""
-    from odb.core.budget import TokenBudget
-
     items = [SizedSample(i, int(n)) for i, n in enumerate(lengths)]
     groups = [[it.length for it in g.items] for g in form_groups(items, TokenBudget(budget))]
     s = group_stats(groups, budget)
