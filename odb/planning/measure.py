@@ -112,29 +112,34 @@ def measure(
 
 
 class _Progress:
-    """``odb.plan: measured 512/2000 samples (41/s)``, rewritten at most 4 times a second."""
+    """``odb.plan: measured 512/2000 samples (41/s)``: on a terminal rewritten in place at
+    most 4 times a second, elsewhere (a log file) one line every 5 seconds."""
 
     def __init__(self, total: int, stream: TextIO | None) -> None:
         self.total = total
         self.stream = stream
         self.start = time.perf_counter()
         self.shown = 0.0
+        self.tty = stream is not None and stream.isatty()
 
     def update(self, done: int, *, force: bool = False) -> None:
         now = time.perf_counter()
-        if self.stream is None or (not force and now - self.shown < 0.25):
+        if self.stream is None or (not force and now - self.shown < (0.25 if self.tty else 5)):
             return
         self.shown = now
         rate = done / max(now - self.start, 1e-9)
-        self.stream.write(f"\rodb.plan: measured {done}/{self.total} samples ({rate:.0f}/s)")
+        line = f"odb.plan: measured {done}/{self.total} samples ({rate:.0f}/s)"
+        self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
         self.stream.flush()
 
     def close(self, done: int, stopped: bool) -> None:
         if self.stream is None:
             return
         self.update(done, force=True)
-        note = " (time cap reached: the plan uses these)" if stopped else ""
-        self.stream.write(f"{note}\n")
+        if self.tty:
+            self.stream.write("\n")
+        if stopped:
+            self.stream.write("odb.plan: time cap reached; the plan uses the samples measured\n")
         self.stream.flush()
 
 

@@ -20,7 +20,7 @@ from odb.planning.probe import NO_CUDA, MemoryProbe, fit_step_cost
 from odb.planning.report import PlanReport
 
 DEFAULT_WORLD_SIZES = (1, 2, 4, 8)
-DEFAULT_SHORT_THRESHOLD = 512  # the paper's "short sample" (f_s): under 512 tokens
+DEFAULT_SHORT_THRESHOLD = 256  # f_s: under 256 tokens, as the artifact's proxies count it
 
 
 def plan(

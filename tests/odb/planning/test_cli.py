@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 import odb
-from odb.planning.__main__ import main
+from odb.planning.cli import main
 from tests.odb.planning.test_plan import SCHEMA, spread_lengths
 from tests.odb.scenarios import LengthDataset
 
