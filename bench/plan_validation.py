@@ -45,7 +45,7 @@ class _Lengths(torch.utils.data.Dataset):
         return {"input_ids": torch.zeros(self.sizes[index], dtype=torch.long)}
 
 
-def implied_step_cost(run: dict[str, Any]) -> odb.StepCost:
+def implied_step_cost(run: dict[str, Any]) -> odb.planning.StepCost:
     """``a`` and ``b`` of ``wall = a * steps + b * padded_tokens`` from the run's two
     epochs (Standard and ODB, same samples)."""
     rows = []
@@ -55,10 +55,10 @@ def implied_step_cost(run: dict[str, Any]) -> odb.StepCost:
         rows.append((r["steps"], real / r["padding_efficiency"], r["wall_s"]))
     (s1, p1, w1), (s2, p2, w2) = rows
     det = s1 * p2 - s2 * p1
-    return odb.StepCost(a=(w1 * p2 - w2 * p1) / det, b=(s1 * w2 - s2 * w1) / det)
+    return odb.planning.StepCost(a=(w1 * p2 - w2 * p1) / det, b=(s1 * w2 - s2 * w1) / det)
 
 
-def forecast(name: str, run: dict[str, Any], cost: odb.StepCost) -> dict[str, Any]:
+def forecast(name: str, run: dict[str, Any], cost: odb.planning.StepCost) -> dict[str, Any]:
     sizes = [int(n) for n in lengths(name, run["samples"], seed=1)]
     report = odb.plan(_Lengths(sizes), budgets=[BUDGET], world_sizes=[1], cutoff=CUTOFF,
                       num_samples=None, progress=False, step_cost=cost)  # fmt: skip
@@ -70,7 +70,7 @@ def validate(name: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     other = next(n for n in runs if n != name)
     measured = run["results"]
     costs = {
-        "default": odb.StepCost(),
+        "default": odb.planning.StepCost(),
         "implied by this run": implied_step_cost(run),
         f"implied by the {other} run": implied_step_cost(runs[other]),
     }

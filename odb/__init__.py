@@ -28,7 +28,7 @@ from odb.core.loss import AccumulationNormalizer, count_loss_tokens
 from odb.core.resume import LoaderState
 from odb.core.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
 from odb.loader import ODBLoader
-from odb.planning import PlanReport, StepCost, plan
+from odb.planning import plan
 from odb.wrapping import wrap
 
 __all__ = [
@@ -41,8 +41,6 @@ __all__ = [
     "ODBLoader",
     "PadCollate",
     "PeerFailedError",
-    "PlanReport",
-    "StepCost",
     "StepInfo",
     "TensorParts",
     "TokenBudget",

@@ -92,15 +92,14 @@ class SlowCollate:
         return PadCollate()(samples)
 
 
-def _writing_worker(timeout_s: float = 20.0) -> psutil.Process | None:
-    """A DataLoader worker of this process's collate process blocked writing to a pipe."""
+def _writing_worker(collate_pid: int, timeout_s: float = 20.0) -> psutil.Process | None:
+    """A DataLoader worker of the collate process ``collate_pid`` blocked writing to a pipe
+    (only its children: other processes of this test process, a warm rank's or one a
+    test left running, may have workers blocked in writes too)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        me = psutil.Process()
-        for proc in me.children(recursive=True):
+        for proc in psutil.Process(collate_pid).children():
             try:
-                if proc.ppid() == me.pid:
-                    continue  # the collate process itself
                 tasks = os.listdir(f"/proc/{proc.pid}/task")
                 if any("pipe_write" in _wchan(proc.pid, task) for task in tasks):
                     return proc
@@ -264,9 +263,11 @@ def test_a_worker_killed_mid_write_is_named() -> None:
         buffer_budgets=1,
         collate_fn=SlowCollate(),
     )
+    before = {child.pid for child in multiprocessing.active_children()}
     batches = iter(loader)
     next(batches)
-    victim = _writing_worker()
+    (collate,) = [c for c in multiprocessing.active_children() if c.pid not in before]
+    victim = _writing_worker(collate.pid)
     if victim is None and not _wchan_names_waits():
         pytest.skip("this kernel hides /proc/<pid>/wchan: a blocked writer cannot be found")
     assert victim is not None, "no worker blocked in a pipe write"

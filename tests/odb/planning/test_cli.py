@@ -43,7 +43,7 @@ def test_the_command_and_the_function_agree(tmp_path: Path) -> None:
     report = main(["--dataset", "tests.odb.planning.test_cli:spread_dataset",
                    "--world-sizes", "4", "--budgets", "8192", "--step-cost", "0", "1"])  # fmt: skip
     direct = odb.plan(spread_dataset(), world_sizes=[4], budgets=[8192], progress=False,
-                      step_cost=odb.StepCost(0, 1))  # fmt: skip
+                      step_cost=odb.planning.StepCost(0, 1))  # fmt: skip
     assert report["rows"] == direct.rows
 
 

@@ -25,7 +25,7 @@ def spread_lengths(n: int, seed: int) -> list[int]:
     return [int(min(3000, rng.lognormvariate(5.0, 0.9))) + 1 for _ in range(n)]
 
 
-def _row(report: odb.PlanReport, budget: int, world_size: int) -> dict:
+def _row(report: odb.planning.PlanReport, budget: int, world_size: int) -> dict:
     return next(r for r in report.rows if r["budget"] == budget and r["world_size"] == world_size)
 
 
