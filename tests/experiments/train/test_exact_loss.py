@@ -1,6 +1,7 @@
 """Through the real entry point at W=2, the first optimizer step's gradient equals one
 process's gradient of the per-token mean loss over the same samples (SPEC 2.4), under
-DDP and under FSDP2 (``strategy.name=fsdp``: sharded gradients, gathered to export).
+DDP and under FSDP2 (``strategy.name=fsdp``: sharded gradients, gathered to export);
+under FSDP2 also at W=3 with accumulation 1 and 3 (a short last window).
 
 Three samples over two ranks with one sample per step and grad_accum_steps=2: one rank
 runs two real micro-steps, the other one real step and one IDLE step, in the same
@@ -32,15 +33,28 @@ def _load(path: Path):
     return Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
 
 
-def _first_window(out: Path) -> tuple[list[int], int]:
+def _first_window(out: Path, world: int = 2, accum: int = 2) -> tuple[list[int], int]:
     ids, idle = [], 0
-    for rank in (0, 1):
+    for rank in range(world):
         for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
             row = json.loads(line)
-            assert row["step"] <= 2, "max_steps=1 with grad_accum 2: two micro-steps per rank"
+            assert row["step"] <= accum, "max_steps=1: at most one window per rank"
             ids += row["ids"]
             idle += row["idle"]
     return sorted(ids), idle
+
+
+def _assert_update_is_the_reference(tiny_model_dir: Path, out: Path, samples: list[dict],
+                                    pad_id: int) -> None:
+    """``theta_0 - theta_1`` (SGD, lr 1) equals one process's per-token-mean gradient."""
+    reference = _reference_grads(tiny_model_dir, samples, pad_id)
+    before = dict(_load(tiny_model_dir).named_parameters())
+    after = dict(_load(out / "final" / "model").named_parameters())
+    diff = torch.cat([(before[n] - after[n]).flatten() for n in reference]).double()
+    ref = torch.cat([g.flatten() for g in reference.values()]).double()
+    assert torch.linalg.norm(diff - ref) / torch.linalg.norm(ref) < 1e-5
+    frozen = [n for n in before if n not in reference]
+    assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
 
 
 def _reference_grads(model_dir: Path, samples: list[dict], pad_id: int) -> dict:
@@ -67,12 +81,21 @@ def test_first_step_gradient_is_the_global_per_token_mean(
     ids, idle = _first_window(tmp_path)
     assert (ids, idle) == ([0, 1, 2], 1)
 
-    reference = _reference_grads(tiny_model_dir, [ultrachat_train[i] for i in ids],
-                                 ultrachat_train.tokenizer.pad_token_id)
-    before = dict(_load(tiny_model_dir).named_parameters())
-    after = dict(_load(tmp_path / "final" / "model").named_parameters())
-    diff = torch.cat([(before[n] - after[n]).flatten() for n in reference]).double()
-    ref = torch.cat([g.flatten() for g in reference.values()]).double()
-    assert torch.linalg.norm(diff - ref) / torch.linalg.norm(ref) < 1e-5
-    frozen = [n for n in before if n not in reference]
-    assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)
+    _assert_update_is_the_reference(tiny_model_dir, tmp_path, [ultrachat_train[i] for i in ids],
+                                    ultrachat_train.tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_fsdp_at_three_ranks_steps_on_the_global_per_token_mean(
+        accum: int, base_config: Path, tiny_model_dir: Path, ultrachat_train, tmp_path: Path
+) -> None:
+    """W=3 under FSDP2, one sample per rank: with accumulation 1 the window is one
+    micro-step; with 3 it is the epoch's last window, short (one micro-step of three)."""
+    overrides = tuple(o for o in EXACT if not o.startswith("train.grad_accum_steps"))
+    overrides += (f"train.grad_accum_steps={accum}", "strategy.name=fsdp")
+    result = train(base_config, tmp_path, "method/odb.yaml", overrides=overrides, world=3)
+    assert (result["steps"], result["idle_steps"], result["emitted_samples"]) == (1, 0, 3)
+    ids, idle = _first_window(tmp_path, world=3, accum=accum)
+    assert (ids, idle) == ([0, 1, 2], 0)
+    _assert_update_is_the_reference(tiny_model_dir, tmp_path, [ultrachat_train[i] for i in ids],
+                                    ultrachat_train.tokenizer.pad_token_id)
