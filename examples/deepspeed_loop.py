@@ -17,8 +17,8 @@ own ``loader.state_dict()`` piece after K windows and stops; ``--checkpoint DIR
 sample once.
 
 On CPU the example marks DeepSpeed's shared-memory all-reduce op as not to be built
-(``skip_cpu_shm_build``): DeepSpeed would JIT-compile it at start-up, about a minute on
-2 cores, for an op ZeRO training never calls.
+(``odb.integrations.deepspeed.skip_cpu_shm_comm_build``): DeepSpeed would JIT-compile
+it at start-up, about a minute on 2 cores, for an op ZeRO training never calls.
 """
 
 import argparse
@@ -28,12 +28,11 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
 from tiny import RandomTokens, tiny_model  # examples/tiny.py
 
 import odb
 from odb.integrations import ProgressLR
-from odb.integrations.deepspeed import windows
+from odb.integrations.deepspeed import skip_cpu_shm_comm_build, windows
 
 
 def parse_args() -> argparse.Namespace:
@@ -95,24 +94,10 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def skip_cpu_shm_build() -> None:
-    """On CPU, keep DeepSpeed from JIT-compiling its shared-memory all-reduce.
-
-    DeepSpeed's comm backend builds the ``deepspeed_shm_comm`` C++ op when it starts
-    (about a minute on 2 cores, and again whenever the build in
-    ``~/.cache/torch_extensions`` was replaced by another environment's) unless its table
-    of compatible ops (``deepspeed.ops.__compatible_ops__``, DeepSpeed 0.19) says no. Only
-    DeepSpeed's inference all-reduce uses that op; ZeRO's collectives go through
-    ``torch.distributed`` either way. On a GPU the op does not exist: nothing to skip.
-    """
-    if get_accelerator().device_name() == "cpu":
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
 def build_engine(model, optimizer, scheduler, grad_accum_steps: int):
     """A ZeRO-2 DeepSpeed engine over ``model``, accumulating ``grad_accum_steps``
     micro-steps (the loader's) per optimizer step."""
-    skip_cpu_shm_build()  # before the engine starts DeepSpeed's comm backend
+    skip_cpu_shm_comm_build()  # before the engine starts DeepSpeed's comm backend
     config = {
         "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's bookkeeping; ODB sizes batches
         "gradient_accumulation_steps": grad_accum_steps,

@@ -124,7 +124,7 @@ class DeepSpeedStrategy:
                  bf16: bool) -> None:
         import deepspeed as ds
 
-        _skip_cpu_shm_comm_build(ds)
+        deepspeed.skip_cpu_shm_comm_build()
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = _optimizer(params, optim)
@@ -240,21 +240,6 @@ def _forward_backward(module: Any, window: Any, batch: dict[str, Any],
     out = module(**batch, num_items_in_batch=normalizer)
     window.backward(out.loss)
     return out.loss.detach() * normalizer
-
-
-def _skip_cpu_shm_comm_build(ds: Any) -> None:
-    """Keep DeepSpeed's CPU accelerator from JIT-compiling its shared-memory all-reduce.
-
-    Its comm backend builds the ``deepspeed_shm_comm`` extension when it starts, unless
-    the op is marked incompatible (a C++ compile on every fresh machine; cost in
-    ``docs/training.md``). Only DeepSpeed's inference all-reduce (tensor-parallel
-    inference) uses it; ZeRO training's collectives go through ``torch.distributed``
-    either way. Not touched on other accelerators, where the op does not exist.
-    """
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() == "cpu":
-        ds.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def make_strategy(model: torch.nn.Module, cfg: StrategyConfig, optim: OptimConfig, bf16: bool,

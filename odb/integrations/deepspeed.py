@@ -10,7 +10,8 @@ boundary; the optimizer step on it). Works for ZeRO stages 0-2, where an IDLE mi
 zero loss still runs the reduce-scatter hooks like any other. The engine's
 ``gradient_accumulation_steps`` must equal the loader's ``grad_accum_steps`` (DeepSpeed
 reports it as the batch size). Does not import ``deepspeed`` itself: it drives the
-engine it is given.
+engine it is given (:func:`skip_cpu_shm_comm_build`, for CPU runs, imports it when
+called).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from odb.integrations.window import Window, adapt_windows, to_device
 
-__all__ = ["DeepSpeedWindow", "windows"]
+__all__ = ["DeepSpeedWindow", "skip_cpu_shm_comm_build", "windows"]
 
 
 class DeepSpeedWindow(Window):
@@ -71,3 +72,22 @@ def windows(engine: Any, loader: Any) -> Iterator[DeepSpeedWindow]:
             "set both to the same number"
         )
     return adapt_windows(loader, lambda window: DeepSpeedWindow(window, engine))
+
+
+def skip_cpu_shm_comm_build() -> None:
+    """On CPU, keep DeepSpeed from JIT-compiling its shared-memory all-reduce op.
+
+    DeepSpeed's comm backend builds the ``deepspeed_shm_comm`` C++ extension when it
+    starts (about a minute on 2 cores, and again whenever another environment replaced
+    the build in ``~/.cache/torch_extensions``) unless its table of compatible ops
+    (``deepspeed.ops.__compatible_ops__``, DeepSpeed 0.19) says no. Only DeepSpeed's
+    tensor-parallel inference all-reduce uses that op; ZeRO's collectives go through
+    ``torch.distributed`` either way. Call it before the engine (or an HF Trainer with a
+    DeepSpeed config) starts; on other accelerators, where the op does not exist, it
+    changes nothing.
+    """
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -34,6 +34,7 @@ import torch
 from transformers import ProgressCallback, TrainerCallback, TrainingArguments
 
 import odb
+from odb.integrations.deepspeed import skip_cpu_shm_comm_build
 from odb.integrations.hf_trainer import ODBTrainer
 from tests.dist import run_torchrun
 from tests.odb.integrations.tiny import (
@@ -179,18 +180,6 @@ def main() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-
-
-def skip_cpu_shm_comm_build() -> None:
-    """Keep DeepSpeed from building its CPU shared-memory all-reduce op when the Trainer
-    starts its comm backend (a C++ compile or a cache check of ~20 s per run on 2 cores;
-    only tensor-parallel inference uses the op), as the train entry point does
-    (experiments/train/strategy.py)."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() == "cpu":
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 # ---------------------------------------------------------------------- checks
