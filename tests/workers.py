@@ -2,8 +2,9 @@
 
 The second worker runs the modules that start the local Slurm cluster
 (:data:`SLURM_MODULES`), one after the other, so one cluster is up at a time, the train
-entry point's and the workflow's runs (:data:`RUN_MODULES`: whole ``torchrun`` and
-Snakemake runs, no timeout that must fire inside them), then the protocol core's
+entry point's, the example loops' resume, the real-pipeline benchmark's and the
+workflow's runs (:data:`RUN_MODULES`: whole ``torchrun``, benchmark and Snakemake runs,
+no timeout that must fire inside them), then the protocol core's
 single-process tests (:data:`CORE`: properties and state machines, no clock in them);
 the first runs every other test, in collection order. The Slurm tests spend most of
 their time waiting (Slurm's and Snakemake's job starts, the Slurm executor's polling)
@@ -12,7 +13,9 @@ on start-up and on timeouts that must fire), so the second worker's tests fit be
 rest. The fault and lifecycle tests, whose timeouts fire on purpose, stay together on
 the first. Measured shares (one clean-clone run of 19f3813, junit times): first 1076 s,
 second 373 s with the Slurm modules and the core only; the run modules add 292 s to the
-second.
+second. With those, one clean-clone run of 5d3518c (load from other work): first 1082 s,
+second 851 s; the example loops' resume and the real-pipeline benchmark (about 100 s
+together) moved to the second after it.
 
 A module with a ``slurm`` test belongs to :data:`SLURM_MODULES`; collection fails, naming
 the module, when it is missing, so a new Slurm test cannot run beside the others (two
@@ -38,6 +41,8 @@ RUN_MODULES = frozenset({
     "tests/experiments/train/test_run.py",
     "tests/experiments/train/test_exact_loss.py",
     "tests/test_workflow.py",
+    "tests/odb/integrations/test_loop_resume.py",
+    "tests/bench/test_real_pipeline.py",
 })  # fmt: skip
 CORE = "tests/odb/core/"
 
