@@ -11,7 +11,7 @@ a job that reached ``max_steps`` and the job that resumes it:
    checkpoint), stops in the drawn way (:data:`STOPS`), returns, and its process ends;
 2. new ranks resume from every rank's piece and run the rest of the epoch.
 
-``tests.dist.run_ranks`` fails a launch whose ranks exit with another code than 0.
+``harness.ranks.run_ranks`` fails a launch whose ranks exit with another code than 0.
 
 :func:`audit` counts what the two loaders yielded together against the epoch: each
 sample exactly once. Early-stop scenarios are join runs over one map-style dataset
@@ -29,7 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 import odb
-from tests.odb.scenarios import Scenario, build_loader, draw_lengths
+from harness.scenarios import Scenario, build_loader, draw_lengths
 
 STOPS = ("break", "held", "exception")
 SHARE = 0.25  # of the full draw's scenarios

@@ -1,7 +1,7 @@
 """odb vs a plain DataLoader on the real Qwen3-VL preprocessing path (the four proxies).
 
 Every (proxy, W, loader) cell runs in fresh processes: W ranks spawned by
-``tests.dist.run_ranks`` (Gloo over TCP on 127.0.0.1, a free port), each building the
+``harness.ranks.run_ranks`` (Gloo over TCP on 127.0.0.1, a free port), each building the
 same ``experiments.data.pipeline.PreprocessedDataset`` (images decoded and turned into
 ``pixel_values``; per-proxy pixel budget as the proxies were calibrated for,
 ``experiments.data.proxies.default_max_pixels``: 768x768, ShareGPT4o 3072x3072) and
@@ -77,7 +77,7 @@ import psutil
 
 from bench import _io
 from experiments.data.proxies import PROXY_NAMES, default_max_pixels
-from tests.dist import run_ranks
+from harness.ranks import run_ranks
 
 LOADERS = ("plain", "odb", "odb-thread")
 # What each odb variant sets on top of --odb.
@@ -734,7 +734,7 @@ def _document(args: Any, odb_options, proxies: dict, text: str, results: dict) -
             "collate": "experiments.data.pipeline.collate (pad id of the tokenizer)",
             "consumer": "counts samples and tokens; busy pure-Python "
             f"{args.consumer_us_per_token} us per real token",
-            "ranks": "spawned, Gloo over TCP on 127.0.0.1 (tests.dist.run_ranks)",
+            "ranks": "spawned, Gloo over TCP on 127.0.0.1 (harness.ranks.run_ranks)",
         },
         "table_markdown": text,
         "results": results,

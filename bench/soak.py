@@ -9,7 +9,7 @@ join and non-join, 1-3 epochs, both alignment policies, gradient accumulation, s
 and large buffers and queues; who shards: ODB dealing one dataset, a user's global sampler, per-rank
 datasets, a pre-sharded stream, a stream that shards itself over workers; rank 0
 alone taking its state piece mid-epoch) and run on real ranks (Gloo over TCP on
-127.0.0.1) by ``tests.dist.run_ranks``.
+127.0.0.1) by ``harness.ranks.run_ranks``.
 Zero-length samples are an error by design (``tests/odb/test_bad_input.py``), so no
 scenario has them.
 
@@ -25,7 +25,7 @@ What is audited per scenario (``audit``), then summed:
   steps;
 - ``budget_violations``: multi-sample groups whose padded cost exceeds the budget;
 - ``failures``: everything else (a rank raised, or another invariant of
-  ``tests.odb.scenarios.check_scenario`` broke), each with its seed.
+  ``harness.scenarios.check_scenario`` broke), each with its seed.
 
 Scenarios of the same world size run in batches of ``--batch`` on one set of ranks
 (the hard limit is the sum of theirs); a batch that fails is re-run one scenario at
@@ -56,8 +56,8 @@ import torch.multiprocessing
 
 from bench.early_stop import EarlyStop, draw_stop, early_stop_scenario, resume, stop_early
 from bench.early_stop import audit as audit_early_stop
-from tests.dist import run_ranks
-from tests.odb.scenarios import SETUPS, Scenario, check_scenario, draw_lengths, run_scenario
+from harness.ranks import run_ranks
+from harness.scenarios import SETUPS, Scenario, check_scenario, draw_lengths, run_scenario
 
 BUDGETS = (4, 16, 64, 256, 1024, 8192)
 STARTS = ("fork", "fork", "spawn", "forkserver")  # of a collate process; fork is Linux's default

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import odb
 from bench import _io
-from tests.dist import run_ranks
+from harness.ranks import run_ranks
 
 LOADERS = ("plain", "process", "thread")
 

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from tests.dist import RankPool, use_pool  # noqa: E402
+from harness.ranks import RankPool, use_pool  # noqa: E402
 
 # The time budgets (over-budget tests reported, hangs fail), the xdist workers' shares
 # (tests/workers.py) and pytester for the budgets' own tests.
@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
-# One pool of warm rank processes for the session (tests/dist.py, docs/testing.md): every
+# One pool of warm rank processes for the session (harness/ranks.py, docs/testing.md): every
 # run_ranks call of a test takes its ranks from it, unless the test is marked fresh_ranks.
 # Set per test for its whole run, so the module fixtures it sets up follow its marker.
 _RANK_POOL = RankPool()

@@ -13,9 +13,9 @@ import pytest
 
 from baselines import build_loader, needs_lengths
 from baselines.length_cache import build
+from harness.ranks import run_ranks
 from odb import pop_step_info
 from tests.baselines.toy import IGNORE, ToyDataset
-from tests.dist import run_ranks
 
 pytestmark = pytest.mark.dist
 

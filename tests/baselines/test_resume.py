@@ -12,8 +12,8 @@ import pytest
 import odb
 from baselines import build_loader
 from baselines.length_cache import build
+from harness.ranks import run_ranks
 from tests.baselines.toy import ToyDataset
-from tests.dist import run_ranks
 
 N, BUDGET, EPOCH = 53, 256, 1
 

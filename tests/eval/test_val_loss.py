@@ -8,7 +8,7 @@ from transformers import Qwen3VLForConditionalGeneration
 
 from eval.val_loss import plan_batches, validation_loss
 from experiments.data.pixels import decode_batch
-from tests.dist import run_ranks
+from harness.ranks import run_ranks
 
 
 def test_plan_batches_respects_budget_and_covers_every_index() -> None:

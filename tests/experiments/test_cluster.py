@@ -28,7 +28,7 @@ from experiments.rehearsal.cluster import (
     nodes_idle,
     slurm_conf,
 )
-from tests.dist import free_port
+from harness.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(

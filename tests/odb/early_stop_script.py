@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import odb
-from tests.odb.scenarios import make_sample
+from harness.scenarios import make_sample
 
 
 class HeavyDataset:

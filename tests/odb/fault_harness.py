@@ -1,6 +1,6 @@
 """Run ranks that are expected to fail, and audit what they leave behind.
 
-:func:`tests.dist.run_ranks` treats the first failing rank as the end of the run (its
+:func:`harness.ranks.run_ranks` treats the first failing rank as the end of the run (its
 peers get a short grace, then are killed as hung). Fault tests need the opposite: a
 rank may be killed on purpose, and every *other* rank must then end by itself, with a
 clear error, within the configured timeout. :func:`run_fault_ranks` therefore
@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from tests.dist import _read_stack, _wait_for_stacks, host_store, kill_tree
-from tests.rank_process import group_members, rank_main
+from harness.rank_process import group_members, rank_main
+from harness.ranks import _read_stack, _wait_for_stacks, host_store, kill_tree
 
 _GLOO_TIMEOUT_MARGIN_S = 60.0
 

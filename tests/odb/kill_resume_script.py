@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 LENGTHS = [(i * 31) % 170 + 1 for i in range(150)]
 

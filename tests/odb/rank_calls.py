@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from tests.dist import run_ranks
+from harness.ranks import run_ranks
 
 Call = tuple[int, Callable[..., Any], tuple[Any, ...]]  # (world_size, fn, args)
 

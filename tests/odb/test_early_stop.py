@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import odb
-from tests.dist import kill_tree, run_torchrun
-from tests.odb.scenarios import LengthDataset
+from harness.ranks import kill_tree, run_torchrun
+from harness.scenarios import LengthDataset
 
 SCRIPT = Path(__file__).with_name("early_stop_script.py")
 ROOT = SCRIPT.parents[2]

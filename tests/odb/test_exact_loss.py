@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import odb
-from tests.dist import run_ranks
+from harness.ranks import run_ranks
 
 pytestmark = pytest.mark.dist
 

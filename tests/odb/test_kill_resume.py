@@ -10,8 +10,8 @@ import psutil
 import pytest
 import torch
 
+from harness.ranks import run_torchrun
 from odb.core.resume import merge_pieces, parse_pieces
-from tests.dist import run_torchrun
 from tests.odb.kill_resume_script import LENGTHS
 
 pytestmark = pytest.mark.dist

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 ROOT = Path(__file__).parents[2]
 
@@ -99,7 +99,7 @@ def test_reiterating_after_a_break_yields_only_the_new_epoch(mode: str) -> None:
 def test_exit_with_live_iterator_does_not_hang() -> None:
     script = textwrap.dedent("""
         import odb
-        from tests.odb.scenarios import LengthDataset
+        from harness.scenarios import LengthDataset
         if __name__ == "__main__":
             loader = odb.ODBLoader(LengthDataset([5] * 100), token_budget=16, num_workers=1)
             it = iter(loader)

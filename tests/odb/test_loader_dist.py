@@ -13,8 +13,8 @@ import os
 
 import pytest
 
+from harness.scenarios import check_scenario, draw_scenario, run_scenario
 from tests.odb.rank_calls import LazyCalls
-from tests.odb.scenarios import check_scenario, draw_scenario, run_scenario
 
 pytestmark = pytest.mark.dist
 

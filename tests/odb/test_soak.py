@@ -14,7 +14,7 @@ import pytest
 
 from bench.early_stop import STOPS
 from bench.soak import COUNTERS, run_soak
-from tests.odb.scenarios import SETUPS
+from harness.scenarios import SETUPS
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

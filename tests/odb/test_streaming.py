@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import odb
-from tests.dist import run_ranks
-from tests.odb.scenarios import LengthDataset
+from harness.ranks import run_ranks
+from harness.scenarios import LengthDataset
 
 LENGTHS = [(i * 41) % 180 + 1 for i in range(83)]
 OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, align_timeout_s=60.0, shard="odb")

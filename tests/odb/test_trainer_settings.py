@@ -6,7 +6,7 @@ counts) is run with the default forked collate process and with a collate thread
 at a time; a spawned collate process inherits none of them but the environment and the
 start method, so one run with all of them at once covers it (spawned interpreters are
 the expensive part of this file). The ranks are started as ``torch.multiprocessing.spawn``
-starts them (``tests.dist.run_ranks``) and by ``torchrun``. Every run must yield every
+starts them (``harness.ranks.run_ranks``) and by ``torchrun``. Every run must yield every
 sample exactly once over the ranks.
 
 The issue's snippet (``set_sharing_strategy("file_system")``, then a loader with default
@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import odb
-from tests.dist import run_ranks, run_torchrun
+from harness.ranks import run_ranks, run_torchrun
 from tests.forked import run_forked
 from tests.odb.shm_audit import ShmAudit, held_shm, shm_entries
 from tests.odb.trainer_settings_script import (

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, SubsetRandomSampler
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 LENGTHS = [(i * 17) % 90 + 1 for i in range(37)]
 OPTIONS = dict(collate_mode="thread", buffer_budgets=2, queue_depth=2)

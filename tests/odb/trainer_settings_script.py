@@ -1,6 +1,6 @@
 """Settings a trainer commonly has before it builds a loader, and one rank's run under each.
 
-Used by ``tests/odb/test_trainer_settings.py`` on ranks started by ``tests.dist.run_ranks``
+Used by ``tests/odb/test_trainer_settings.py`` on ranks started by ``harness.ranks.run_ranks``
 (spawned, as ``torch.multiprocessing.spawn`` starts them) and, as a script, under
 ``torchrun``:
 
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 LENGTHS = [(i * 7) % 40 + 1 for i in range(24)]
 COLLATE: dict[str, dict[str, Any]] = {

@@ -1,6 +1,6 @@
 """Run by the launcher tests: two ODB loaders (train + eval) alive at once on every rank.
 
-Launched either by ``torchrun`` (as a script) or by ``tests.dist.run_ranks`` (through
+Launched either by ``torchrun`` (as a script) or by ``harness.ranks.run_ranks`` (through
 :func:`two_loaders`). Prints / returns what each loader yielded on this rank.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 TRAIN_LENGTHS = [(i * 37) % 200 + 1 for i in range(90)]
 EVAL_LENGTHS = [(i * 53) % 120 + 1 for i in range(31)]

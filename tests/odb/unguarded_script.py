@@ -11,7 +11,7 @@ import sys
 import torch.distributed as dist
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 dist.init_process_group("gloo")
 loader = odb.ODBLoader(

@@ -13,7 +13,7 @@ import yaml
 from experiments.data.assets import build_tiny_model
 from experiments.data.pipeline import PreprocessedDataset
 from experiments.train.result import validate_result
-from tests.dist import run_torchrun
+from harness.ranks import run_torchrun
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "experiments" / "configs"

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from experiments.train.config import ConfigError, load_config
 from experiments.train.curves import CURVES_DIR, TAGS
 from experiments.train.run import main, resolve_resume
-from tests.dist import kill_tree, torchrun_command
+from harness.ranks import kill_tree, torchrun_command
 from tests.experiments.train.conftest import CONFIGS, ENV, WHOLE, WHOLE_TRAIN_SAMPLES, train
 from tests.experiments.train.test_curves import read_curves
 

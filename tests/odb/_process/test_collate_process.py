@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import odb
-from tests.dist import run_ranks
-from tests.odb.scenarios import LengthDataset
+from harness.ranks import run_ranks
+from harness.scenarios import LengthDataset
 
 LENGTHS = [(i * 7) % 60 + 1 for i in range(80)]
 FORK = {"collate_start_method": "fork"}  # the default on Linux; explicit here

@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader
 
 import odb
 import odb._process.forking
+from harness.ranks import run_ranks
+from harness.scenarios import LengthDataset
 from odb._process.collate_sources import _worker_context
 from odb._process.forking import CheckedForkContext, ForkDeadlockError, checked_fork_context
 from odb.core.config import ODBConfig
-from tests.dist import run_ranks
-from tests.odb.scenarios import LengthDataset
 
 # At-fork hooks cannot be removed, and the ranks change module settings and loggers: each
 # run_ranks call here needs ranks of its own, never pooled ones.

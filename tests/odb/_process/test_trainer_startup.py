@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 import odb
+from harness.ranks import run_torchrun
+from harness.scenarios import LengthDataset
 from odb._process.trainer_startup import _guarded_lines
-from tests.dist import run_torchrun
-from tests.odb.scenarios import LengthDataset
 from tests.odb.test_bad_input import _assert_no_children_left
 
 SCRIPT = Path(__file__).parents[1] / "unguarded_script.py"

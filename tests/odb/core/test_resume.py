@@ -23,9 +23,9 @@ import pytest
 import torch.distributed as dist
 
 import odb
+from harness.scenarios import LengthDataset
 from odb.core.resume import LoaderState, merge_pieces, parse_pieces
 from tests.odb.rank_calls import Call, LazyCalls, run_calls
-from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [(i * 29) % 150 + 1 for i in range(97)]
 OPTIONS = dict(

@@ -15,11 +15,11 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset, SubsetRandomSampler
 
 import odb
+from harness.scenarios import LengthDataset
 from odb.core.detect import declared_shard
 from odb.core.resume import LoaderState
 from odb.core.sharding import SourceFacts, check_source_rows, resolve_shard, source_row
 from tests.odb.rank_calls import LazyCalls, run_calls
-from tests.odb.scenarios import LengthDataset
 
 OPTIONS = dict(token_budget=256, buffer_budgets=2, queue_depth=2, collate_mode="thread")
 OPTIONS["align_timeout_s"] = 60.0

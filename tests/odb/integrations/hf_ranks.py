@@ -34,9 +34,9 @@ import torch
 from transformers import ProgressCallback, TrainerCallback, TrainingArguments
 
 import odb
+from harness.ranks import run_torchrun
 from odb.integrations.deepspeed import skip_cpu_shm_comm_build
 from odb.integrations.hf_trainer import ODBTrainer
-from tests.dist import run_torchrun
 from tests.odb.integrations.tiny import (
     TokenDataset,
     completion_dataset,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import odb
+from harness.ranks import run_ranks
 from odb.integrations import ddp
-from tests.dist import run_ranks
 from tests.odb.integrations.tiny import TokenDataset, reference_grads, tiny_model
 
 pytestmark = [pytest.mark.dist]

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import odb
+from harness.ranks import run_ranks
 from odb.integrations import fsdp
 from odb.integrations._fsdp_state import GroupReduction, group_reductions
-from tests.dist import run_ranks
 from tests.odb.integrations.tiny import TokenDataset, reference_grads, tiny_model
 
 pytestmark = [pytest.mark.dist]

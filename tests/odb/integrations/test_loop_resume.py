@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.dist import run_torchrun
+from harness.ranks import run_torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import odb
-from tests.dist import run_torchrun
+from harness.ranks import run_torchrun
 from tests.odb.integrations.hf_ranks import (
     ENV,
     ROOT,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 import odb
+from harness.scenarios import LengthDataset
 from odb.integrations import ProgressLR, iter_windows
-from tests.odb.scenarios import LengthDataset
 
 LENGTHS = [5 + (7 * i) % 40 for i in range(60)]
 

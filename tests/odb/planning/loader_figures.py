@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import odb
-from tests.odb.scenarios import LengthDataset
+from harness.scenarios import LengthDataset
 
 FIGURES = ("steps", "idle_steps", "real_tokens", "padded_tokens")
 

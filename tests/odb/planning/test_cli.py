@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 import odb
+from harness.scenarios import LengthDataset
 from odb.planning.cli import main
 from tests.odb.planning.test_plan import SCHEMA, spread_lengths
-from tests.odb.scenarios import LengthDataset
 
 ROOT = Path(__file__).resolve().parents[3]
 

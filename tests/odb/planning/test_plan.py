@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import odb
+from harness.ranks import run_ranks
+from harness.scenarios import LengthDataset
 from odb.planning.forecast import StepCost
-from tests.dist import run_ranks
 from tests.odb.planning.loader_figures import FIGURES, epoch_figures, summed
-from tests.odb.scenarios import LengthDataset
 
 SCHEMA = json.loads((Path(odb.__file__).parent / "planning" / "report.schema.json").read_text())
 

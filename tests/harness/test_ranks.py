@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist import RankPool, run_ranks, run_torchrun, use_pool
+from harness.ranks import RankPool, run_ranks, run_torchrun, use_pool
 
 pytestmark = pytest.mark.dist
 FRESH = pytest.mark.parametrize("fresh", [False, True], ids=["pooled", "fresh"])

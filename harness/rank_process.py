@@ -1,6 +1,6 @@
-"""What runs inside a rank process that ``tests.dist`` starts.
+"""What runs inside a rank process that ``harness.ranks`` starts.
 
-The test process's side is ``tests/dist.py``. This module imports no torch at its top,
+The test process's side is ``harness/ranks.py``. This module imports no torch at its top,
 so that a pooled rank forks away from its launcher before torch is imported.
 
 - :func:`serve` is the body of every ``run_ranks`` rank. Per call it joins a fresh

@@ -58,7 +58,7 @@ from typing import Any
 import psutil
 import torch.distributed
 
-from tests.rank_process import CALL_FILE, SETTLE_S, Call, serve
+from harness.rank_process import CALL_FILE, SETTLE_S, Call, serve
 
 # After the first failing rank, peers blocked in a collective cannot finish on their own;
 # give healthy peers this long to exit before they are treated as hung and killed.
@@ -79,7 +79,7 @@ _REPORT_WAIT_S = SETTLE_S + 10.0
 _START_LIMIT_S = 120.0
 # Idle ranks a pool keeps: the largest world size of the suite's run_ranks tests.
 _POOL_KEEP = 4
-# What a rank reports, in order, as it goes through a call (tests/rank_process.py).
+# What a rank reports, in order, as it goes through a call (harness/rank_process.py).
 _STAGES = ("started", "ready", "done", "clean")
 
 
@@ -162,7 +162,7 @@ def _is_dead(proc: psutil.Process) -> bool:
 
 
 class _Rank:
-    """This process's handle on one rank process (:func:`tests.rank_process.serve`).
+    """This process's handle on one rank process (:func:`harness.rank_process.serve`).
 
     A fresh rank is a child of this process. A pooled rank is detached (no child of this
     process): its death is seen by polling, and its exit code is never known.
@@ -405,10 +405,9 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results.
 
-    Each rank joins a fresh process group (``backend`` over TCP on 127.0.0.1) before
-    ``fn`` is called; then the ranks wait for each other and start ``fn`` together.
-    Each rank sees this process's environment (with ``env`` on top), working
-    directory and ``sys.path`` as they are at the call, as a rank spawned now would.
+    Each rank joins a fresh process group (``backend`` over TCP on 127.0.0.1), then the
+    ranks start ``fn`` together. Each rank sees this process's environment (``env`` on
+    top), working directory and ``sys.path`` as they are at the call.
 
     Args:
         fn: module-level function; its return value must be picklable.
@@ -423,23 +422,14 @@ def run_ranks(
             :func:`use_pool` (a test that kills or corrupts a rank, or needs a fresh
             interpreter). Outside a pool every call is fresh.
 
-    Returns:
-        The ranks' return values, indexed by rank.
-
-    Raises:
-        AssertionError: a rank raised or died (the message names it and includes its
-            traceback), or ranks were still running at ``timeout`` (the message names
-            them and includes their stacks). All ranks of the call are dead by then.
-
-    Example:
-        >>> run_ranks(_rank_and_size, 3)  # _rank_and_size returns (rank, world_size)
-        [(0, 3), (1, 3), (2, 3)]
+    Returns the ranks' return values, indexed by rank (``[(0, 3), (1, 3), (2, 3)]`` for
+    a ``fn`` returning ``(rank, world_size)`` at 3). Raises AssertionError when a rank
+    raised or died (named, with its traceback) or ranks still ran at ``timeout`` (named,
+    with their stacks); every rank of the call is dead by then.
     """
     if world_size < 1:
         raise ValueError(f"Invalid world_size {world_size}, it should be at least 1")
-    pool = _active_pool
-    if fresh or (pool is not None and pool.owner != os.getpid()):
-        pool = None  # fresh ranks (a forked copy of the test process has no pool)
+    pool = _pool_for(fresh)
     workdir = tempfile.mkdtemp(prefix="run_ranks-")
     gloo_timeout_s = _START_LIMIT_S + timeout + _GLOO_TIMEOUT_MARGIN_S
     store = host_store(gloo_timeout_s)  # held until the ranks are done
@@ -464,6 +454,13 @@ def run_ranks(
             for rank in ranks:
                 rank.kill()  # a fresh rank has exited by now; its group may hold leftovers
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _pool_for(fresh: bool) -> RankPool | None:
+    """The pool a call takes its ranks from; None for fresh ranks (asked for, or in a
+    forked copy of the pool's process, which has no pool)."""
+    pool = _active_pool
+    return None if fresh or (pool is not None and pool.owner != os.getpid()) else pool
 
 
 def _run(ranks: Sequence[_Rank], workdir: str, timeout: float, fresh: bool) -> list[Any]:
