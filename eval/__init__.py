@@ -3,12 +3,12 @@ generated-answer, on any checkpoint the train entry point writes.
 
 One command per evaluator, each writing one result JSON (schema: ``result.schema.json``):
 
-    python -m eval.val_loss   held-out per-token loss (`eval.val_loss.validation_loss` is
-                              also called by the train entry point at the end of training)
+    python -m eval.val_loss   held-out per-token loss (the number is defined once, in
+                              `experiments.train.validation`, which the train loop calls)
     python -m eval.mmlu       lm-eval ``mmlu`` (hub) or ``mmlu_local`` (local files)
     python -m eval.mmmu_mc    MMMU multiple-choice by answer-letter log-likelihood
     python -m eval.mmmu_gen   MMMU generated answers with lm-eval's extraction
-    python -m eval.make_fixtures   the small local task files in the real formats
+    (the small local task files in the real formats: python -m experiments.data.task_fixtures)
 
 `eval.checkpoint.load_checkpoint` loads every checkpoint layout for all of them. See
 docs/evaluation.md.

@@ -149,7 +149,7 @@ def write_local_tasks(task_files: str | Path, out_dir: str | Path) -> Path:
     if not root.is_dir():
         raise FileNotFoundError(
             f"MMLU task folder {root} does not exist; write it with "
-            f"python -m eval.make_fixtures or pass --task-files"
+            f"python -m experiments.data.task_fixtures or pass --task-files"
         )
     subjects = [p.name for p in subject_folders(root)]
     if not subjects:

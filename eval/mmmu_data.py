@@ -67,7 +67,8 @@ def load_subject(source: str, subject: str, split: str):
         if not files:
             raise FileNotFoundError(
                 f"No {split}-*.parquet for subject {subject} under {root / subject}; write "
-                f"the fixtures with python -m eval.make_fixtures or pick --subjects present"
+                "the fixtures with python -m experiments.data.task_fixtures or pick --subjects "
+                "present"
             )
         rows = load_dataset("parquet", data_files={split: [str(f) for f in files]}, split=split)
         where = str(root / subject)

@@ -23,7 +23,7 @@ so every file name, folder and format below is the real repository's::
 
 Texts and image sizes come from the calibrated proxies (`experiments.data.proxies`), so
 lengths are distributed as there; the models from `experiments.data.assets`; MMLU and MMMU
-rows from `eval.make_fixtures`. Deterministic for a given ``--records`` and ``--seed``.
+rows from `experiments.data.task_fixtures`. Deterministic for a given ``--records`` and ``--seed``.
 
     python -m experiments.rehearsal.hub_mirror --out data/hub_mirror --records 60 --seed 0
 """
@@ -177,7 +177,7 @@ def _mmlu_aggregates(root: Path, subjects: list[str]) -> None:
 
 def write_eval(out: Path) -> None:
     """``cais/mmlu`` and ``MMMU/MMMU`` from the eval fixture generators."""
-    from eval.make_fixtures import MMLU_SUBJECTS, write_mmlu_hub, write_mmmu_subjects
+    from experiments.data.task_fixtures import MMLU_SUBJECTS, write_mmlu_hub, write_mmmu_subjects
 
     mmlu, mmmu = out / "datasets/cais/mmlu", out / "datasets/MMMU/MMMU"
     _readme(mmlu)

@@ -56,6 +56,7 @@ from experiments.train.loop import Counters, TrainLoop
 from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
 from experiments.train.result import build_result, peak_memory, validate_result
 from experiments.train.strategy import Strategy, make_strategy
+from experiments.train.validation import validation_loss
 
 log = logging.getLogger("experiments.train")
 
@@ -464,8 +465,6 @@ def _validate(cfg: TrainConfig, model: torch.nn.Module, val_set: Any,
               device: torch.device) -> dict[str, Any] | None:
     if val_set is None:
         return None
-    from eval.val_loss import validation_loss
-
     model.eval()
     out = validation_loss(model, val_set, token_budget=cfg.validation.token_budget
                           or cfg.method.token_budget, pad_token_id=val_set.tokenizer.pad_token_id,

@@ -1,13 +1,13 @@
-"""The shipped task fixtures are what ``python -m eval.make_fixtures`` writes, in the real
-formats (cais/mmlu fields; MMMU/MMMU features with decoded images)."""
+"""The shipped task fixtures are what ``python -m experiments.data.task_fixtures`` writes,
+in the real formats (cais/mmlu fields; MMMU/MMMU features with decoded images)."""
 
 import json
 from pathlib import Path
 
 from datasets import load_dataset
 
-from eval import make_fixtures
 from eval.mmmu_data import REQUIRED_FIELDS, answer_letter, options_of
+from experiments.data import task_fixtures as make_fixtures
 
 SHIPPED = Path(__file__).parents[2] / "eval" / "fixtures"
 

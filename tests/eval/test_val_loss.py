@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen3VLForConditionalGeneration
 
-from eval.val_loss import plan_batches, validation_loss
 from experiments.data.pixels import decode_batch
+from experiments.train.validation import plan_batches, validation_loss
 from harness.ranks import run_ranks
 
 
@@ -59,8 +59,8 @@ def test_loss_is_the_same_for_every_batching(model_dir, heldout) -> None:
 
 
 def _two_ranks(rank: int, world: int, model_dir, proxy_dir) -> dict:
-    from eval.val_loss import validation_loss
     from experiments.data.pipeline import PreprocessedDataset
+    from experiments.train.validation import validation_loss
     from tests.eval.conftest import heldout_config
 
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ own layouts (parquet per subject folder), for the hub mirror of
 The questions are synthetic; the files exist so the real code paths run offline. Scores
 on them are pipeline checks. Deterministic: the same command writes the same rows.
 
-    python -m eval.make_fixtures --out eval/fixtures
+    python -m experiments.data.task_fixtures --out eval/fixtures
 """
 
 from __future__ import annotations
@@ -186,9 +186,10 @@ def write_mmmu_subjects(root: Path, splits: tuple[str, ...]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(
-        prog="python -m eval.make_fixtures", description=__doc__.splitlines()[0]
+        prog="python -m experiments.data.task_fixtures", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "fixtures")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "eval" / "fixtures")
     args = parser.parse_args(argv)
     paths = write_mmlu(args.out) + write_mmmu(args.out)
     for p in paths:
