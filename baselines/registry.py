@@ -22,19 +22,19 @@ from baselines.config import BaselineConfig
 from baselines.length_cache import LengthSource
 from baselines.loader import PlannedLoader
 from baselines.methods import BMTLoader, GMTLoader, PackingLoader, SortedLoader, StandardLoader
+from odb.kit import ResumableLoader
 
 __all__ = ["METHODS", "Loader", "Method", "build_loader", "needs_lengths"]
 
 
-class Loader(Protocol):
-    """What every method's loader offers (ODB's loader surface)."""
+class Loader(ResumableLoader, Protocol):
+    """What every method's loader offers (ODB's loader surface): an epoch of batches, and
+    the resume contract of :class:`odb.kit.ResumableLoader`."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]: ...
     def set_epoch(self, epoch: int) -> None: ...
     def stats(self) -> dict[str, float | int]: ...
     def progress(self) -> float: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 Factory = Callable[..., Loader]

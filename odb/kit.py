@@ -14,7 +14,9 @@ batches, figures and state follow the same rules as ODB's and compare one to one
   priced by :class:`odb.TokenBudget` through :class:`GroupMeasure`;
 - argument and state checks with one error wording: :func:`check_int`,
   :func:`check_epoch`, :func:`check_callables`, :func:`check_state_keys`,
-  :func:`state_pieces`.
+  :func:`state_pieces`;
+- what a resumable loader is (per-rank pieces saved, every rank's pieces loaded):
+  :class:`ResumableLoader`, and :class:`GatheredState`, its torchdata ``Stateful``.
 
 Example:
     >>> from odb.kit import SizedSample, form_groups
@@ -31,11 +33,14 @@ from odb.core.config import LoaderConfig
 from odb.core.grouping import SizedSample, form_groups
 from odb.core.metrics import StepMetrics
 from odb.core.step_info import finish_batch
+from odb.resumable import GatheredState, ResumableLoader
 
 __all__ = [
     "AlignmentGroup",
+    "GatheredState",
     "GroupMeasure",
     "LoaderConfig",
+    "ResumableLoader",
     "SizedSample",
     "StepMetrics",
     "check_callables",
