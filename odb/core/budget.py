@@ -22,6 +22,7 @@ into deterministic decisions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -53,6 +54,19 @@ class GroupMeasure:
     max_len: int = 0
     sum_len: int = 0
     patches: int = 0
+
+    @classmethod
+    def of(cls, lengths: Iterable[int]) -> GroupMeasure:
+        """Returns the measure of a group of samples of these lengths (no patches).
+
+        Example:
+            >>> GroupMeasure.of([4, 6, 2])
+            GroupMeasure(n=3, max_len=6, sum_len=12, patches=0)
+        """
+        measure = cls()
+        for length in lengths:
+            measure = measure.plus(length)
+        return measure
 
     def plus(self, length: int, patches: int = 0) -> GroupMeasure:
         """Returns the measure of this group with one more sample.

@@ -154,7 +154,7 @@ class StepBuilder:
         budget = self.config.budget
         for payloads in outcome.payloads:
             lengths = [length for _, _, length in payloads]
-            self.metrics.record_step(budget, _measure(lengths))
+            self.metrics.record_step(budget, GroupMeasure.of(lengths))
             batch = self.collate_fn([sample for _, sample, _ in payloads])
             ids = tuple(index for index, _, _ in payloads)
             out.append(self._step(batch, ids, sum(lengths)))
@@ -184,13 +184,6 @@ class StepBuilder:
         )
         self.step += 1
         return Step(batch, info, StepCounts(len(ids), tokens, real))
-
-
-def _measure(lengths: list[int]) -> GroupMeasure:
-    measure = GroupMeasure()
-    for length in lengths:
-        measure = measure.plus(length)
-    return measure
 
 
 def attach_step_info(

@@ -73,15 +73,9 @@ def standard_costs(
 def oracle_costs(lengths: Sequence[int], budget: TokenBudget, world_size: int) -> list[list[int]]:
     """Every rank's step costs when globally sorted groups are dealt round-robin."""
     items = [SizedSample(i, int(n)) for i, n in enumerate(lengths)]
-    costs = [_cost(budget, [it.length for it in g.items]) for g in form_groups(items, budget)]
+    groups = form_groups(items, budget)
+    costs = [budget.cost(GroupMeasure.of(it.length for it in g.items)) for g in groups]
     return [costs[rank::world_size] for rank in range(world_size)]
-
-
-def _cost(budget: TokenBudget, lengths: Sequence[int]) -> int:
-    measure = GroupMeasure()
-    for length in lengths:
-        measure = measure.plus(length)
-    return budget.cost(measure)
 
 
 def forecast_row(

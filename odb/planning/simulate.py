@@ -56,7 +56,7 @@ class RankTrace:
         for payloads in outcome.payloads:
             self.ids.append([index for index, _ in payloads])
             self.groups.append([length for _, length in payloads])
-            self.costs.append(budget.cost(_measure(self.groups[-1])))
+            self.costs.append(budget.cost(GroupMeasure.of(self.groups[-1])))
         self.idle += outcome.steps.idle
         self.costs.extend([0] * outcome.steps.idle)
 
@@ -205,11 +205,6 @@ def _check(result: SimResult, lengths: Sequence[int], views: Sequence[Sequence[i
 # ----------------------------------------------------------------------------- metrics
 
 
-def _measure(lengths: Sequence[int]) -> GroupMeasure:
-    measure = GroupMeasure()
-    for length in lengths:
-        measure = measure.plus(length)
-    return measure
 
 
 def group_stats(groups: Sequence[Sequence[int]], budget: int) -> dict[str, float]:
