@@ -34,10 +34,9 @@ import numpy as np
 from baselines.length_cache import build as build_cache
 from baselines.plans import BMTPlan, GMTPlan, PackingPlan, Plan, SortedPlan, StandardPlan
 from bench import _io
-from odb.core.budget import GroupMeasure, TokenBudget
-from odb.core.config import ODBConfig
-from odb.core.sharding import epoch_order
-from odb.planning.simulate import simulate, summarize
+from odb import ODBConfig, TokenBudget
+from odb.kit import GroupMeasure
+from odb.planning.simulate import round_robin_views, simulate, summarize
 
 METHODS = ("standard", "sorted", "gmt", "bmt", "packing", "odb")
 TEXT_ONLY = ("ultrachat",)
@@ -121,7 +120,7 @@ def plan_stats(plan: Plan, lengths: np.ndarray, budget: TokenBudget) -> dict:
 
 def baseline(method: str, lengths: np.ndarray, budget: int, world: int, cutoff: int,
              seed: int) -> dict:
-    pool = epoch_order(len(lengths), seed, 0, True)
+    pool = round_robin_views(len(lengths), 1, seed)[0]  # the epoch's seeded global order
     lens = [int(x) for x in lengths]
     padded, packed = TokenBudget(budget), TokenBudget(budget, "packed")
     batch = budget // cutoff

@@ -39,9 +39,8 @@ from pathlib import Path
 
 from bench import _io
 from bench.distributions import CUTOFF, NAMES, lengths, summary
-from odb.core.budget import TokenBudget
-from odb.core.config import ODBConfig
-from odb.core.grouping import SizedSample, form_groups
+from odb import ODBConfig, TokenBudget
+from odb.kit import SizedSample, form_groups
 from odb.planning.simulate import (
     group_stats,
     oracle,

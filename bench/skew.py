@@ -21,7 +21,7 @@ import numpy as np
 
 from bench import _io
 from bench.distributions import NAMES, lengths
-from odb.core.config import ODBConfig
+from odb import ODBConfig
 from odb.planning.simulate import oracle, simulate, summarize
 
 FILL_TARGET = 0.7
