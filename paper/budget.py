@@ -10,27 +10,21 @@ L_max was 12288 on UltraChat and 14336 on ShareGPT4o.
 
 from __future__ import annotations
 
-import pandas as pd
-
 from paper.common import (
     CLAIM_RULE,
     DATASET_LABEL,
     Collected,
     Run,
-    by_variant,
-    collect,
     figure_path,
     fixed,
     padded_per_sample,
-    parse_args,
     pyplot,
     save_figure,
-    scale_note,
     sort_key,
     sweep_row,
-    write_table,
     yerr,
 )
+from paper.sweep import Sweep, run_sweep
 
 NAME = "budget"
 
@@ -40,35 +34,19 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     ODB at the dataset's default budget, and the machine-independent figures."""
     budget = runs[0]["budget"]
     row, data = sweep_row(got, runs, "L_max", budget, "vs default L_max")
-    row.update({
-        "Padding eff.": fixed([r.result["padding_efficiency"] for r in runs], 3),
-        "Budget fill": fixed([r.loader("budget_fill") for r in runs], 3),
-        "Steps": fixed([r.result["steps"] for r in runs]),
-        "Padded tok./sample": fixed([padded_per_sample(r) for r in runs], 1),
-    })
+    row.update(
+        {
+            "Padding eff.": fixed([r.result["padding_efficiency"] for r in runs], 3),
+            "Budget fill": fixed([r.loader("budget_fill") for r in runs], 3),
+            "Steps": fixed([r.result["steps"] for r in runs]),
+            "Padded tok./sample": fixed([padded_per_sample(r) for r in runs], 1),
+        }
+    )
     data["budget"] = budget
     return row, data
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    got = collect(args, NAME)
-    odb = sorted(got.find(method="odb"), key=lambda r: (sort_key(r), r["budget"]))
-    made = [_row(got, runs) for runs in by_variant(odb)]
-    data = [d for _, d in made]
-    write_table(
-        args,
-        NAME,
-        pd.DataFrame([row for row, _ in made]),
-        "Token budget sweep (ODB)",
-        [
-            "Speedup vs Standard at the dataset's default budget; vs default L_max: ODB "
-            "against ODB at the default budget, per pairing. " + CLAIM_RULE,
-            scale_note(got.grid),
-        ],
-        got.missing,
-        data,
-    )
+def _figure(args, data: list[dict]) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(4, 3))
     for dataset in sorted({d["dataset"] for d in data}):
@@ -89,6 +67,21 @@ def main(argv: list[str] | None = None) -> None:
     if data:
         ax.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))
+
+
+SWEEP = Sweep(
+    name=NAME,
+    title="Token budget sweep (ODB)",
+    note="Speedup vs Standard at the dataset's default budget; vs default L_max: ODB "
+    "against ODB at the default budget, per pairing. " + CLAIM_RULE,
+    row=_row,
+    order=lambda r: (sort_key(r), r["budget"]),
+    figure=_figure,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_sweep(SWEEP, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

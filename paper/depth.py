@@ -11,28 +11,22 @@ little. Each D is judged against ODB's default depth by the claim rule
 
 from __future__ import annotations
 
-import pandas as pd
-
 from paper.common import (
     CLAIM_RULE,
     DATASET_LABEL,
     Collected,
     Run,
     Spread,
-    by_variant,
-    collect,
     epoch_seconds,
     figure_path,
     fixed,
-    parse_args,
     per_measurement,
     pyplot,
     save_figure,
-    scale_note,
     sweep_row,
-    write_table,
     yerr,
 )
+from paper.sweep import Sweep, run_sweep
 
 NAME = "depth"
 
@@ -63,36 +57,15 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     d = depth(runs[0])
     row, data = sweep_row(got, runs, "D", d, "vs default D")
     over = Spread.of(100 * o for r in runs for o in overlaps(r))
-    row.update({
-        "Data wait s": Spread.of(w for r in runs for w in data_waits(r)).format(),
-        "Overlap %": over.format(1),
-        "Steps": fixed([r.result["steps"] for r in runs]),
-    })
+    row.update(
+        {
+            "Data wait s": Spread.of(w for r in runs for w in data_waits(r)).format(),
+            "Overlap %": over.format(1),
+            "Steps": fixed([r.result["steps"] for r in runs]),
+        }
+    )
     data.update(depth=d, overlap_pct=over.to_dict())
     return row, data
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    got = collect(args, NAME)
-    odb = sorted(got.find(method="odb"), key=lambda r: (r["dataset"], depth(r)))
-    made = [_row(got, runs) for runs in by_variant(odb)]
-    data = [d for _, d in made]
-    write_table(
-        args,
-        NAME,
-        pd.DataFrame([row for row, _ in made]),
-        "Outstanding depth D sweep (ODB)",
-        [
-            "D = workers x prefetch_factor; overlap = 1 - data wait / epoch time (one "
-            "figure per measured epoch). vs default D: ODB against ODB at its default depth, per "
-            "pairing. " + CLAIM_RULE,
-            scale_note(got.grid),
-        ],
-        got.missing,
-        data,
-    )
-    _figure(args, data)
 
 
 def _figure(args, data: list[dict]) -> None:
@@ -124,6 +97,22 @@ def _figure(args, data: list[dict]) -> None:
     if data:
         left.legend(fontsize=7)
     save_figure(fig, figure_path(args, NAME))
+
+
+SWEEP = Sweep(
+    name=NAME,
+    title="Outstanding depth D sweep (ODB)",
+    note="D = workers x prefetch_factor; overlap = 1 - data wait / epoch time (one "
+    "figure per measured epoch). vs default D: ODB against ODB at its default depth, per "
+    "pairing. " + CLAIM_RULE,
+    row=_row,
+    order=lambda r: (r["dataset"], depth(r)),
+    figure=_figure,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_sweep(SWEEP, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -10,20 +10,14 @@ throughput of non-join is judged against join by the claim rule (``paper.common.
 
 from __future__ import annotations
 
-import pandas as pd
-
 from paper.common import (
     CLAIM_RULE,
     Collected,
     Run,
-    by_variant,
-    collect,
     fixed,
-    parse_args,
-    scale_note,
     sweep_row,
-    write_table,
 )
+from paper.sweep import Sweep, run_sweep
 
 NAME = "join"
 
@@ -37,34 +31,30 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     against ODB's default mode, and what each mode emits and carries."""
     join = _join(runs[0])
     row, data = sweep_row(got, runs, "Join", "yes" if join else "no", "vs default (join)")
-    row.update({
-        "Emitted samples": fixed([r.result["emitted_samples"] for r in runs]),
-        "Carried": fixed([r.loader("carried") for r in runs]),
-        "Steps": fixed([r.result["steps"] for r in runs]),
-        "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
-    })
+    row.update(
+        {
+            "Emitted samples": fixed([r.result["emitted_samples"] for r in runs]),
+            "Carried": fixed([r.loader("carried") for r in runs]),
+            "Steps": fixed([r.result["steps"] for r in runs]),
+            "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
+        }
+    )
     data.update(join=join, emitted=runs[0].result["emitted_samples"])
     return row, data
 
 
+SWEEP = Sweep(
+    name=NAME,
+    title="Termination: join vs non-join",
+    note="Carried: samples buffered at the epoch's end, emitted in the next epoch "
+    "(non-join). vs default (join): ODB against ODB with join, per pairing. " + CLAIM_RULE,
+    row=_row,
+    order=lambda r: (r["dataset"], not _join(r)),
+)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    got = collect(args, NAME)
-    odb = sorted(got.find(method="odb"), key=lambda r: (r["dataset"], not _join(r)))
-    made = [_row(got, runs) for runs in by_variant(odb)]
-    write_table(
-        args,
-        NAME,
-        pd.DataFrame([row for row, _ in made]),
-        "Termination: join vs non-join",
-        [
-            "Carried: samples buffered at the epoch's end, emitted in the next epoch "
-            "(non-join). vs default (join): ODB against ODB with join, per pairing. " + CLAIM_RULE,
-            scale_note(got.grid),
-        ],
-        got.missing,
-        [d for _, d in made],
-    )
+    run_sweep(SWEEP, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -9,23 +9,17 @@ policy is judged against the default one by the claim rule (``paper.common.verdi
 
 from __future__ import annotations
 
-import pandas as pd
-
 from paper.common import (
     CLAIM_RULE,
     Collected,
     Run,
     Spread,
-    by_variant,
-    collect,
     fixed,
     mean_std,
-    parse_args,
     per_measurement,
-    scale_note,
     sweep_row,
-    write_table,
 )
+from paper.sweep import Sweep, run_sweep
 
 NAME = "policy"
 
@@ -40,37 +34,33 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     policy = _policy(runs[0])
     row, data = sweep_row(got, runs, "Policy", policy, "vs default policy")
     losses = [(r.result.get("validation") or {}).get("loss") for r in runs]
-    row.update({
-        "Steps": fixed([r.result["steps"] for r in runs]),
-        "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
-        "Recirculated": fixed([r.loader("recirculated") for r in runs]),
-        "Round ms": Spread.of(
-            ms for r in runs for ms in per_measurement(r, "round_ms", r.loader("mean_round_ms"))
-        ).format(1),
-        "Val loss": mean_std([v for v in losses if v is not None], 3),
-    })
+    row.update(
+        {
+            "Steps": fixed([r.result["steps"] for r in runs]),
+            "IDLE %": fixed([100 * r.result["idle_fraction"] for r in runs], 2),
+            "Recirculated": fixed([r.loader("recirculated") for r in runs]),
+            "Round ms": Spread.of(
+                ms for r in runs for ms in per_measurement(r, "round_ms", r.loader("mean_round_ms"))
+            ).format(1),
+            "Val loss": mean_std([v for v in losses if v is not None], 3),
+        }
+    )
     data["policy"] = policy
     return row, data
 
 
+SWEEP = Sweep(
+    name=NAME,
+    title="Target policy: paper vs balanced",
+    note="vs default policy: ODB against ODB with the default policy, per pairing. "
+    "Round ms: one figure per run. " + CLAIM_RULE,
+    row=_row,
+    order=lambda r: (r["dataset"], _policy(r)),
+)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    got = collect(args, NAME)
-    odb = sorted(got.find(method="odb"), key=lambda r: (r["dataset"], _policy(r)))
-    made = [_row(got, runs) for runs in by_variant(odb)]
-    write_table(
-        args,
-        NAME,
-        pd.DataFrame([row for row, _ in made]),
-        "Target policy: paper vs balanced",
-        [
-            "vs default policy: ODB against ODB with the default policy, per pairing. "
-            "Round ms: one figure per run. " + CLAIM_RULE,
-            scale_note(got.grid),
-        ],
-        got.missing,
-        [d for _, d in made],
-    )
+    run_sweep(SWEEP, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ judged against ODB's by the claim rule (``paper.common.verdict``).
 
 from __future__ import annotations
 
-import pandas as pd
-
 from paper.common import (
     CLAIM_RULE,
     DATASET_LABEL,
@@ -23,15 +21,11 @@ from paper.common import (
     Run,
     Spread,
     build_seconds,
-    by_variant,
-    collect,
     compare,
     fixed,
-    parse_args,
     pooled,
-    scale_note,
-    write_table,
 )
+from paper.sweep import Sweep, run_sweep
 
 NAME = "staleness"
 ORDER = ("gmt", "bmt", "sorted", "odb")
@@ -72,31 +66,23 @@ def _row(got: Collected, runs: list[Run]) -> tuple[dict, dict]:
     return row, data
 
 
+SWEEP = Sweep(
+    name=NAME,
+    title="Length-cache staleness under augmentation",
+    note="Budget violations: multi-sample steps whose realised padded cost "
+    "exceeded the budget (a cache-planned step that would OOM at the edge); "
+    "Max fill: the worst such step's cost / budget. ODB plans from realised "
+    "lengths: no violations by construction, no cache. Cache build s: one "
+    "figure per run. vs ODB: samples/s against ODB's in the same cell, per "
+    "pairing. " + CLAIM_RULE,
+    row=_row,
+    order=lambda r: (r["dataset"], ORDER.index(r["method"])),
+    select=lambda got: (r for r in got.runs if r["augmented"]),
+)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    got = collect(args, NAME)
-    runs = sorted(
-        (r for r in got.runs if r["augmented"]),
-        key=lambda r: (r["dataset"], ORDER.index(r["method"])),
-    )
-    made = [_row(got, seeds) for seeds in by_variant(runs)]
-    write_table(
-        args,
-        NAME,
-        pd.DataFrame([row for row, _ in made]),
-        "Length-cache staleness under augmentation",
-        [
-            "Budget violations: multi-sample steps whose realised padded cost "
-            "exceeded the budget (a cache-planned step that would OOM at the edge); "
-            "Max fill: the worst such step's cost / budget. ODB plans from realised "
-            "lengths: no violations by construction, no cache. Cache build s: one "
-            "figure per run. vs ODB: samples/s against ODB's in the same cell, per "
-            "pairing. " + CLAIM_RULE,
-            scale_note(got.grid),
-        ],
-        got.missing,
-        [d for _, d in made],
-    )
+    run_sweep(SWEEP, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
