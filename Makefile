@@ -71,7 +71,7 @@ reproduce: $(STAMP)
 	@echo "Rerun one ablation: snakemake --cores 2 ablation_budget (targets: docs/workflow.md)"
 
 # The paper path through the real Slurm profile on a local two-node cluster, brought up
-# and torn down by experiments/rehearsal/cluster.py; the overlay config/rehearsal.yaml
+# and torn down by experiments/cluster/; the overlay config/rehearsal.yaml
 # says what differs from config/paper.yaml. Results in results/rehearsal/.
 rehearse: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m experiments.rehearsal.run

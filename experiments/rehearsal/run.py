@@ -3,7 +3,7 @@
     make rehearse                                   # = python -m experiments.rehearsal.run
     python -m experiments.rehearsal.run --slice ci  # the CI slice: one 2-node ODB job + evals
 
-Brings up a local two-node Slurm cluster (`experiments.rehearsal.cluster`, as root), runs
+Brings up a local two-node Slurm cluster (`experiments.cluster`, as root), runs
 the users' own command, ``snakemake --profile slurm``, from the repository root with the
 overlay (:func:`overlay_args`) as its only addition: the overlay config
 `config/rehearsal.yaml` over `config/paper.yaml` (a hub-layout mirror instead of the hub,
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return inside(args)
     start = time.monotonic()
     prepare_s = prepare(args.workdir, args.records)
-    from experiments.rehearsal import cluster
+    from experiments import cluster
 
     code = cluster.run([sys.executable, "-m", "experiments.rehearsal.run", "--inside",
                         "--slice", args.slice, "--workdir", str(args.workdir),

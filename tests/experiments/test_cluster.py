@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.rehearsal import cluster
-from experiments.rehearsal.cluster import (
+from experiments import cluster
+from experiments.cluster import (
     SITE_CONF,
     ClusterSpec,
     State,
@@ -28,6 +28,8 @@ from experiments.rehearsal.cluster import (
     nodes_idle,
     slurm_conf,
 )
+from experiments.cluster import host as cluster_host
+from experiments.cluster.host import link_site_conf
 from harness.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +173,7 @@ def test_site_conf_link_replaces_a_dead_clusters_link_and_refuses_a_live_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     site_conf = tmp_path / "etc" / "slurm.conf"
-    monkeypatch.setattr(cluster, "SITE_CONF", site_conf)
+    monkeypatch.setattr(cluster_host, "SITE_CONF", site_conf)  # where the link is made
     site_conf.parent.mkdir()
     ours = _recorded_cluster(tmp_path / "ours", {})
     # a machine restarted under a cluster: its link stays, its daemons are gone
@@ -179,7 +181,7 @@ def test_site_conf_link_replaces_a_dead_clusters_link_and_refuses_a_live_one(
     dead.wait()
     _recorded_cluster(tmp_path / "dead", {"slurmctld": dead.pid})
     site_conf.symlink_to(tmp_path / "dead" / "slurm.conf")
-    cluster._link_site_conf(ours)
+    link_site_conf(ours)
     assert site_conf.readlink() == ours.spec.conf_path
     assert not (tmp_path / "ours" / "site-slurm.conf.saved").exists()  # nothing to restore
 
@@ -195,7 +197,7 @@ def test_site_conf_link_replaces_a_dead_clusters_link_and_refuses_a_live_one(
         _recorded_cluster(tmp_path / "live", {"slurmctld": live.pid})
         site_conf.symlink_to(tmp_path / "live" / "slurm.conf")
         with pytest.raises(cluster.ClusterError, match="another local cluster is up"):
-            cluster._link_site_conf(ours)
+            link_site_conf(ours)
         assert site_conf.readlink() == tmp_path / "live" / "slurm.conf"  # left as it was
     finally:
         live.kill()
@@ -208,7 +210,7 @@ def state_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="odb-slurm-", dir="/tmp"))
     yield path
     subprocess.run(
-        [sys.executable, "-m", "experiments.rehearsal.cluster", "down", "--state-dir", str(path)],
+        [sys.executable, "-m", "experiments.cluster", "down", "--state-dir", str(path)],
         env=_env(),
         timeout=120,
         check=False,
@@ -245,7 +247,7 @@ def _cluster_run(state_dir: Path, *command: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "experiments.rehearsal.cluster",
+        "experiments.cluster",
         "run",
         "--state-dir",
         str(state_dir),

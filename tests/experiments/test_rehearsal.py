@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.rehearsal import cluster
+from experiments import cluster
 from experiments.rehearsal.hub_mirror import build_mirror
 from experiments.rehearsal.run import (
     NODE_CPUS,

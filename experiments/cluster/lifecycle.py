@@ -1,0 +1,254 @@
+"""Bring the cluster up, check it, tear it down (``up``, ``status``, ``down``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from experiments.cluster.daemons import (
+    State,
+    _logs_tail,
+    _pid_alive,
+    _start,
+    _stop_pid,
+    client_env,
+)
+from experiments.cluster.host import (
+    _add_hosts,
+    _edit_hosts,
+    _exe,
+    ensure_munge_key,
+    ensure_packages,
+    link_site_conf,
+    unlink_site_conf,
+)
+from experiments.cluster.spec import (
+    HOSTS_FILE,
+    MUNGE_KEY,
+    ClusterError,
+    ClusterSpec,
+    _log,
+    default_spec,
+    hosts_marker,
+    hosts_without_nodes,
+    slurm_conf,
+)
+
+
+def _prepare_dirs(spec: ClusterSpec) -> None:
+    spec.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    spec.state_dir.chmod(0o755)  # munged, run as munge, must reach its own folder
+    for sub in ("ctld", "spool", "log"):
+        (spec.state_dir / sub).mkdir(exist_ok=True)
+    munge = pwd.getpwnam("munge")
+    spec.munge_dir.mkdir(mode=0o755, exist_ok=True)
+    os.chown(spec.munge_dir, munge.pw_uid, munge.pw_gid)
+    spec.conf_path.write_text(slurm_conf(spec))
+
+
+def _start_munged(state: State) -> None:
+    d = state.spec.munge_dir
+    cmd = [
+        _exe("munged"),
+        "--foreground",
+        f"--socket={state.spec.munge_socket}",
+        f"--key-file={MUNGE_KEY}",
+        f"--log-file={d}/munged.log",
+        f"--pid-file={d}/munged.pid",
+        f"--seed-file={d}/munged.seed",
+    ]
+    _start(state, "munged", cmd, user="munge")
+    probe = [_exe("munge"), "-n", f"--socket={state.spec.munge_socket}"]
+    _wait(
+        lambda: subprocess.run(probe, capture_output=True, check=False).returncode == 0,
+        state,
+        "munged to answer on its socket",
+        timeout_s=20,
+    )
+
+
+def _start_slurm(state: State) -> None:
+    conf = str(state.spec.conf_path)
+    _start(state, "slurmctld", [_exe("slurmctld"), "-D", "-f", conf])
+    for node in state.spec.nodes:
+        _start(state, f"slurmd-{node}", [_exe("slurmd"), "-D", "-N", node, "-f", conf])
+
+
+def nodes_idle(sinfo_output: str, nodes: Sequence[str]) -> bool:
+    """True when `sinfo -h -N -o '%N %t'` shows every node in `nodes` idle (pure)."""
+    states: dict[str, set[str]] = {}
+    for line in sinfo_output.splitlines():
+        if line.strip():
+            name, node_state = line.split()[:2]
+            states.setdefault(name, set()).add(node_state)
+    return all(states.get(node) == {"idle"} for node in nodes)
+
+
+def _sinfo(spec: ClusterSpec) -> str:
+    cmd = [_exe("sinfo"), "-h", "-N", "-o", "%N %t"]
+    done = subprocess.run(
+        cmd, env=client_env(spec), capture_output=True, text=True, timeout=30, check=False
+    )
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _wait(ready: Callable[[], bool], state: State, what: str, timeout_s: float) -> None:
+    """Poll `ready()` until true; fail early if a started daemon died, late with its logs."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        dead = [n for n, pid in state.pids.items() if not _pid_alive(pid, n)]
+        if dead or time.monotonic() > deadline:
+            why = f"{', '.join(dead)} exited" if dead else f"not within {timeout_s:g} s"
+            raise ClusterError(
+                f"waiting for {what}: {why}. Daemon logs follow; fix what they name, or "
+                f"raise --timeout if the machine is just slow.\n{_logs_tail(state.spec)}"
+            )
+        time.sleep(0.5)
+
+
+def is_running(state: State) -> bool:
+    """True when every daemon in `state` runs and sinfo shows every node idle or busy."""
+    if not all(_pid_alive(pid, name) for name, pid in state.pids.items()):
+        return False
+    names = {line.split()[0] for line in _sinfo(state.spec).splitlines() if line.strip()}
+    return set(state.spec.nodes) <= names
+
+
+def up(
+    state_dir: Path, cpus: int | None = None, memory_mb: int | None = None, timeout_s: float = 120.0
+) -> State:
+    """Bring the cluster up (a no-op when it already runs); on failure stop what started.
+
+    Example:
+        >>> state = up(Path("/tmp/odb-slurm"))  # doctest: +SKIP
+        >>> os.environ["SLURM_CONF"] = str(state.spec.conf_path)  # doctest: +SKIP
+    """
+    existing = State.load(state_dir)
+    if existing is not None and is_running(existing):
+        _log(f"already up ({existing.spec.conf_path}); nothing to do")
+        return existing
+    if existing is not None:
+        _log("a previous cluster in this state dir is partly down: stopping its rest")
+        down(state_dir)
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "bringing the cluster up needs root (it edits /etc/hosts, runs munged as the "
+            "munge user and slurmd as root): run it with sudo, or as root in a container"
+        )
+    start = time.monotonic()
+    ensure_packages()
+    ensure_munge_key()
+    state = State(default_spec(state_dir, cpus, memory_mb))
+    try:
+        _prepare_dirs(state.spec)
+        state.save()
+        _start_munged(state)
+        _add_hosts(state)
+        link_site_conf(state)
+        _start_slurm(state)
+        _wait(
+            lambda: nodes_idle(_sinfo(state.spec), state.spec.nodes),
+            state,
+            f"sinfo to show {', '.join(state.spec.nodes)} idle",
+            timeout_s,
+        )
+    except BaseException:
+        _log("bring-up failed: stopping what it started")
+        down(state.spec.state_dir)
+        raise
+    _log(
+        f"up in {time.monotonic() - start:.1f} s: nodes {', '.join(state.spec.nodes)} idle, "
+        f"partitions {', '.join(state.spec.partitions)} (default {state.spec.partitions[0]})"
+    )
+    return state
+
+
+# --- tear down ----------------------------------------------------------------------------
+
+
+def _cancel_jobs(state: State) -> None:
+    """Cancel every job of this cluster and give the nodes a moment to end their steps."""
+    if not _pid_alive(state.pids.get("slurmctld", -1), "slurmctld"):
+        return
+    env = client_env(state.spec)
+    listed = subprocess.run(
+        [_exe("squeue"), "-h", "-o", "%i"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    jobs = listed.stdout.split()
+    if not jobs:
+        return
+    _log(f"cancelling {len(jobs)} job(s): {' '.join(jobs)}")
+    subprocess.run([_exe("scancel"), *jobs], env=env, timeout=30, check=False)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = subprocess.run(
+            [_exe("squeue"), "-h", "-o", "%i"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if not left.stdout.split():
+            return
+        time.sleep(0.5)
+
+
+def _kill_orphan_steps(spec: ClusterSpec) -> None:
+    """SIGKILL any slurmstepd left by this cluster's slurmd (they carry its SLURM_CONF)."""
+    tag = f"SLURM_CONF={spec.conf_path}".encode() + b"\0"
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.joinpath("comm").read_text().strip() != "slurmstepd":
+                continue
+            if tag not in proc.joinpath("environ").read_bytes() + b"\0":
+                continue
+            os.kill(int(proc.name), signal.SIGKILL)
+            _log(f"killed a leftover slurmstepd (pid {proc.name})")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+
+
+def down(state_dir: Path) -> None:
+    """Stop exactly what `up` started in `state_dir` and remove what it added (idempotent)."""
+    state = State.load(state_dir)
+    if state is None:
+        _log(f"no cluster in {state_dir}; nothing to stop")
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired, ClusterError):
+        _cancel_jobs(state)
+    for name, pid in reversed(state.pids.items()):
+        _stop_pid(pid, name)
+    _kill_orphan_steps(state.spec)
+    if state.hosts_added:
+        _edit_hosts(lambda text: hosts_without_nodes(text, hosts_marker(state.spec.state_dir)))
+        _log(f"removed this cluster's line from {HOSTS_FILE}")
+    if state.site_conf_linked:
+        unlink_site_conf(state)
+    shutil.rmtree(state.spec.state_dir, ignore_errors=True)
+    _log(f"down; removed {state.spec.state_dir}")
+
+
+def status(state_dir: Path) -> int:
+    """Print the daemons and `sinfo`; 0 when the cluster is up, 1 when it is not."""
+    state = State.load(state_dir)
+    if state is None:
+        print(f"down: no cluster in {state_dir}")
+        return 1
+    for name, pid in state.pids.items():
+        print(f"{name:12} pid {pid:<8} {'running' if _pid_alive(pid, name) else 'NOT running'}")
+    print(f"export SLURM_CONF={state.spec.conf_path}")
+    print(_sinfo(state.spec) or "sinfo: no answer", end="")
+    return 0 if is_running(state) else 1
