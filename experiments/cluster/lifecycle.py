@@ -178,32 +178,23 @@ def _cancel_jobs(state: State) -> None:
     if not _pid_alive(state.pids.get("slurmctld", -1), "slurmctld"):
         return
     env = client_env(state.spec)
-    listed = subprocess.run(
-        [_exe("squeue"), "-h", "-o", "%i"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    jobs = listed.stdout.split()
+    jobs = _job_ids(env)
     if not jobs:
         return
     _log(f"cancelling {len(jobs)} job(s): {' '.join(jobs)}")
     subprocess.run([_exe("scancel"), *jobs], env=env, timeout=30, check=False)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        left = subprocess.run(
-            [_exe("squeue"), "-h", "-o", "%i"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        if not left.stdout.split():
+        if not _job_ids(env):
             return
         time.sleep(0.5)
+
+
+def _job_ids(env: dict[str, str]) -> list[str]:
+    """The ids of the cluster's jobs, as ``squeue`` lists them."""
+    listed = subprocess.run([_exe("squeue"), "-h", "-o", "%i"], env=env, capture_output=True,
+                            text=True, timeout=30, check=False)  # fmt: skip
+    return listed.stdout.split()
 
 
 def _kill_orphan_steps(spec: ClusterSpec) -> None:
