@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import odb.kit
+
 TEXT_DATASETS = ("ultrachat",)
 # The ODB settings of experiments/configs/method/odb.yaml: an ablation option equal to one of
 # them names the main-grid cell itself (so it is not run twice).
@@ -42,12 +44,12 @@ TABLES = (
     "join",
     "staleness",
 )
-# The workflow config's former keys, (section, old) -> (new, why): refused before the schema
+# The workflow config's former keys, per section: refused before the schema
 # check, whose own message ("'engine' was unexpected") would not name the new key.
-RENAMED_KEYS = {
-    ("train", "engine"): ("strategy", "the layer under experiments/configs/strategy/: how the "
-                          "model trains across processes; 'engine' now means only DeepSpeed's "
-                          "engine object"),
+RENAMED_KEYS = {  # section -> {old: (new, why)}
+    "train": {"engine": ("strategy", "the layer under experiments/configs/strategy/: how the "
+                         "model trains across processes; 'engine' now means only DeepSpeed's "
+                         "engine object")},
 }
 
 
@@ -455,11 +457,9 @@ def refuse_renamed(config: Mapping[str, Any]) -> None:
         ...
         ValueError: train.engine was renamed train.strategy (...); write strategy: ddp ...
     """
-    for (section, old), (new, why) in RENAMED_KEYS.items():
-        block = config.get(section) or {}
-        if old in block:
-            raise ValueError(f"{section}.{old} was renamed {section}.{new} ({why}); write "
-                             f"{new}: {block[old]} under {section}: in the workflow config")
+    for section, renamed in RENAMED_KEYS.items():
+        fix = "write {new}: {value} under " + section + ": in the workflow config"
+        odb.kit.refuse_renamed(config.get(section) or {}, renamed, fix, prefix=f"{section}.")
 
 
 def build_grid(config: Mapping[str, Any]) -> Grid:

@@ -14,7 +14,7 @@ batches, figures and state follow the same rules as ODB's and compare one to one
   priced by :class:`odb.TokenBudget` through :class:`GroupMeasure`;
 - argument and state checks with one error wording: :func:`check_int`,
   :func:`check_epoch`, :func:`check_callables`, :func:`check_state_keys`,
-  :func:`state_pieces`;
+  :func:`state_pieces`, and :func:`refuse_renamed` (every renamed-name error's wording);
 - what a resumable loader is (per-rank pieces saved, every rank's pieces loaded):
   :class:`ResumableLoader`, and :class:`GatheredState`, its torchdata ``Stateful``.
 
@@ -28,7 +28,14 @@ Example:
 from odb._process.comm import AlignmentGroup
 from odb._process.rendezvous import open_rendezvous
 from odb.core.budget import GroupMeasure
-from odb.core.checks import check_callables, check_epoch, check_int, check_state_keys, state_pieces
+from odb.core.checks import (
+    check_callables,
+    check_epoch,
+    check_int,
+    check_state_keys,
+    refuse_renamed,
+    state_pieces,
+)
 from odb.core.config import LoaderConfig
 from odb.core.grouping import SizedSample, form_groups
 from odb.core.metrics import StepMetrics
@@ -50,5 +57,6 @@ __all__ = [
     "finish_batch",
     "form_groups",
     "open_rendezvous",
+    "refuse_renamed",
     "state_pieces",
 ]

@@ -31,6 +31,7 @@ import yaml
 
 from experiments.config_layers import merge_layers
 from experiments.data.pipeline import DataConfig
+from odb.kit import refuse_renamed
 
 __all__ = [
     "ConfigError",
@@ -211,10 +212,8 @@ class MethodConfig:
         for section, cls in (("odb", ODBConfig), ("baseline", BaselineConfig)):
             known = {f.name for f in dataclasses.fields(cls)} - set(owned)
             for key in getattr(self, section):
-                if key in cls.RENAMED_FIELDS:
-                    renamed, why = cls.RENAMED_FIELDS[key]
-                    raise ConfigError(f"method.{section}.{key} was renamed method.{section}."
-                                      f"{renamed} ({why}); set that instead")
+                refuse_renamed([key], cls.RENAMED_FIELDS, "set that instead", error=ConfigError,
+                               prefix=f"method.{section}.")  # fmt: skip
                 _require(key not in owned, f"method.{section}.{key} is set by {owned.get(key)}; "
                          "set it there")
                 _require(key in known, f"unknown key 'method.{section}.{key}'; "
@@ -468,11 +467,8 @@ def _refuse_renamed(sections: Iterable[str], fix: str, **values: Any) -> None:
     ``fix`` says what to change where the name was found; it is formatted with ``old``,
     ``new`` and ``values``.
     """
-    for old in sections:
-        if old in TrainConfig.RENAMED_SECTIONS:
-            new, why = TrainConfig.RENAMED_SECTIONS[old]
-            raise ConfigError(f"{old} was renamed {new} ({why}); "
-                              + fix.format(old=old, new=new, **values))
+    refuse_renamed(list(sections), TrainConfig.RENAMED_SECTIONS, fix, error=ConfigError,
+                   **values)  # fmt: skip
 
 
 def _join(where: str, key: str) -> str:

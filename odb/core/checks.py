@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "refuse_renamed",
     "check_callables",
     "check_epoch",
     "check_int",
@@ -127,3 +128,35 @@ def state_pieces(
         if not isinstance(piece, Mapping):
             raise TypeError(f"a loader state piece must be a dict, got {type(piece).__name__}")
     return list(pieces)
+
+
+def refuse_renamed(
+    given: Mapping[str, Any] | Collection[str],
+    renamed: Mapping[str, tuple[str, str]],
+    fix: str,
+    *,
+    error: type[Exception] = ValueError,
+    prefix: str = "",
+    **values: Any,
+) -> None:
+    """Refuse a name given under its former spelling, naming the new one and why.
+
+    The one wording of every renamed-name error of the project (loader options, run
+    config sections, workflow config keys): ``"<prefix><old> was renamed <prefix><new>
+    (<why>); <fix>"``, where ``renamed`` maps ``old -> (new, why)`` and ``fix`` says what
+    to write instead, formatted with ``old``, ``new``, ``value`` (the given value, when
+    ``given`` is a mapping) and ``values``.
+
+    Example:
+        >>> refuse_renamed({"window": 8}, {"window": ("buffer", "a clearer word")},
+        ...                "pass {new}={value!r} instead", error=TypeError)
+        Traceback (most recent call last):
+        ...
+        TypeError: window was renamed buffer (a clearer word); pass buffer=8 instead
+    """
+    for old in given:
+        if old in renamed:
+            new, why = renamed[old]
+            value = given[old] if isinstance(given, Mapping) else None
+            hint = fix.format(old=old, new=new, value=value, **values)
+            raise error(f"{prefix}{old} was renamed {prefix}{new} ({why}); {hint}")

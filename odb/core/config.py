@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal, TypeVar
 
 from odb.core.budget import CostModel, TokenBudget
-from odb.core.checks import check_int
+from odb.core.checks import check_int, refuse_renamed
 
 Policy = Literal["balanced", "paper"]
 CollateMode = Literal["process", "thread"]
@@ -210,10 +210,7 @@ def _public_name(cls: type) -> str:
 
 def _refuse_renamed(cls: type[LoaderConfig], options: Mapping[str, Any]) -> None:
     """Raise for an option under a field's former name, naming the new name."""
-    for old, value in options.items():
-        if old in cls.RENAMED_FIELDS:
-            new, why = cls.RENAMED_FIELDS[old]
-            raise TypeError(f"{old} was renamed {new} ({why}); pass {new}={value!r} instead")
+    refuse_renamed(options, cls.RENAMED_FIELDS, "pass {new}={value!r} instead", error=TypeError)
 
 
 def _unknown_options(unknown: list[str], fields: list[str], owner: str) -> str:
