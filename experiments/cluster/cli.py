@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.cluster.daemons import State, _signals_deferred, client_env
+from experiments.cluster.daemons import State, client_env, signals_deferred
 from experiments.cluster.lifecycle import down, is_running, status, up
-from experiments.cluster.spec import DEFAULT_STATE_DIR, ClusterError, _log
+from experiments.cluster.spec import DEFAULT_STATE_DIR, ClusterError, log
 
 # --- run --------------------------------------------------------------------------------
 
@@ -47,7 +47,7 @@ class _Signals:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.tearing_down:
-            _log(f"signal {signum} during teardown: finishing the teardown first")
+            log(f"signal {signum} during teardown: finishing the teardown first")
         elif self.child is not None and self.child.poll() is None:
             if signum == signal.SIGTERM:
                 self.child.send_signal(signum)
@@ -73,11 +73,11 @@ def run(
     with _Signals() as signals:
         try:
             state = existing if reuse and existing else up(state_dir, cpus, memory_mb, timeout_s)
-            _log(f"running {' '.join(command)} with SLURM_CONF={state.spec.conf_path}")
-            with _signals_deferred():  # so that a signal always finds the child recorded
+            log(f"running {' '.join(command)} with SLURM_CONF={state.spec.conf_path}")
+            with signals_deferred():  # so that a signal always finds the child recorded
                 signals.child = subprocess.Popen(list(command), env=client_env(state.spec))
             code = signals.child.wait()
-            _log(f"command exited with {code}")
+            log(f"command exited with {code}")
             return 128 - code if code < 0 else code
         except _Interrupted as stop:
             return 128 + stop.signum

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from experiments.cluster.spec import _STOP_GRACE_S, ClusterSpec, _log
+from experiments.cluster.spec import STOP_GRACE_S, ClusterSpec, log
 
 # --- processes ------------------------------------------------------------------------
 
@@ -68,15 +68,15 @@ class State:
         )
 
 
-def _start(state: State, name: str, cmd: list[str], user: str | None = None) -> None:
+def start_daemon(state: State, name: str, cmd: list[str], user: str | None = None) -> None:
     """Start one foreground daemon in its own session and record its pid at once."""
     out = (state.spec.log_dir / f"{name}.out").open("ab")
-    with _signals_deferred():  # no signal between the start and the record of the pid
+    with signals_deferred():  # no signal between the start and the record of the pid
         proc = _popen_daemon(state, cmd, out, user)
         state.pids[name] = proc.pid
         state.save()
     out.close()
-    _log(f"started {name} (pid {proc.pid})")
+    log(f"started {name} (pid {proc.pid})")
 
 
 def _popen_daemon(
@@ -95,7 +95,7 @@ def _popen_daemon(
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends, then deliver them as usual.
 
     (A blocked signal mask would be inherited by the daemons, so Python-level handlers.)
@@ -120,7 +120,7 @@ def client_env(spec: ClusterSpec, base: dict[str, str] | None = None) -> dict[st
     return {**(os.environ if base is None else base), "SLURM_CONF": str(spec.conf_path)}
 
 
-def _pid_alive(pid: int, name: str) -> bool:
+def pid_alive(pid: int, name: str) -> bool:
     """True while `pid` runs and is still the daemon `name` (not a reused pid)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
@@ -134,19 +134,19 @@ def _pid_alive(pid: int, name: str) -> bool:
     return name.split("-")[0].encode() in cmdline
 
 
-def _stop_pid(pid: int, name: str, grace_s: float = _STOP_GRACE_S) -> None:
-    if not _pid_alive(pid, name):
+def stop_pid(pid: int, name: str, grace_s: float = STOP_GRACE_S) -> None:
+    if not pid_alive(pid, name):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _pid_alive(pid, name):
+    while time.monotonic() < deadline and pid_alive(pid, name):
         time.sleep(0.1)
-    if _pid_alive(pid, name):
-        _log(f"{name} (pid {pid}) ignored SIGTERM for {grace_s:.0f} s: SIGKILL")
+    if pid_alive(pid, name):
+        log(f"{name} (pid {pid}) ignored SIGTERM for {grace_s:.0f} s: SIGKILL")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _log(f"stopped {name} (pid {pid})")
+    log(f"stopped {name} (pid {pid})")
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -156,5 +156,5 @@ def _tail(path: Path, lines: int = 15) -> str:
     return f"--- {path} (last {len(text)} lines)\n" + "\n".join(text)
 
 
-def _logs_tail(spec: ClusterSpec) -> str:
+def logs_tail(spec: ClusterSpec) -> str:
     return "\n".join(_tail(p) for p in sorted(spec.log_dir.glob("*")))

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from experiments.cluster.daemons import State, _pid_alive
+from experiments.cluster.daemons import State, pid_alive
 from experiments.cluster.spec import (
     EXECUTABLES,
     HOSTS_FILE,
@@ -23,9 +23,9 @@ from experiments.cluster.spec import (
     SITE_CONF,
     ClusterError,
     ClusterSpec,
-    _log,
     hosts_marker,
     hosts_with_nodes,
+    log,
 )
 
 # --- packages and munge -------------------------------------------------------------
@@ -41,7 +41,7 @@ def _executable(name: str) -> str | None:
     return None
 
 
-def _exe(name: str) -> str:
+def require_executable(name: str) -> str:
     found = _executable(name)
     if found is None:
         raise ClusterError(f"{name} not found after installing {PACKAGES}; check apt's output")
@@ -62,18 +62,18 @@ def ensure_packages() -> None:
             f"{', '.join(missing)} not installed and this is not root: run as root, or "
             f"install them first with `apt-get install {' '.join(PACKAGES)}`"
         )
-    _log(f"installing {' '.join(PACKAGES)} (missing: {', '.join(missing)}; about a minute)")
+    log(f"installing {' '.join(PACKAGES)} (missing: {', '.join(missing)}; about a minute)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with _services_blocked():
         for cmd in (
             ["apt-get", "-q", "update"],
             ["apt-get", "-q", "install", "-y", "--no-install-recommends", *PACKAGES],
         ):
-            _log(" ".join(cmd))
+            log(" ".join(cmd))
             done = subprocess.run(cmd, env=env, stdout=sys.stderr, check=False)
             if done.returncode != 0:
                 raise ClusterError(f"`{' '.join(cmd)}` failed (exit {done.returncode})")
-    _log("packages installed")
+    log("packages installed")
 
 
 @contextlib.contextmanager
@@ -100,10 +100,10 @@ def ensure_munge_key(key: Path = MUNGE_KEY) -> None:
     key.write_bytes(os.urandom(1024))
     os.chown(key, munge.pw_uid, munge.pw_gid)
     key.chmod(0o400)
-    _log(f"wrote a munge key to {key}")
+    log(f"wrote a munge key to {key}")
 
 
-def _edit_hosts(edit: Callable[[str], str]) -> None:
+def edit_hosts(edit: Callable[[str], str]) -> None:
     """Rewrite /etc/hosts in place (it may be a bind mount) under an exclusive lock."""
     with HOSTS_FILE.open("r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -115,12 +115,12 @@ def _edit_hosts(edit: Callable[[str], str]) -> None:
             f.truncate()
 
 
-def _add_hosts(state: State) -> None:
+def add_hosts(state: State) -> None:
     marker = hosts_marker(state.spec.state_dir)
-    _edit_hosts(lambda text: hosts_with_nodes(text, state.spec.nodes, marker))
+    edit_hosts(lambda text: hosts_with_nodes(text, state.spec.nodes, marker))
     state.hosts_added = True
     state.save()
-    _log(f"added `127.0.0.1 {' '.join(state.spec.nodes)}` to {HOSTS_FILE}")
+    log(f"added `127.0.0.1 {' '.join(state.spec.nodes)}` to {HOSTS_FILE}")
 
 
 def _saved_site_conf(spec: ClusterSpec) -> Path:
@@ -139,7 +139,7 @@ def _cluster_alive(state_dir: Path) -> bool:
     """True when `state_dir` holds a cluster whose every started daemon still runs."""
     other = State.load(state_dir)
     return bool(other and other.pids) and all(
-        _pid_alive(pid, name) for name, pid in other.pids.items()
+        pid_alive(pid, name) for name, pid in other.pids.items()
     )
 
 
@@ -158,15 +158,15 @@ def link_site_conf(state: State) -> None:
                 f"experiments.cluster down --state-dir {other}`"
             )
         SITE_CONF.unlink()
-        _log(f"removed a stale {SITE_CONF} link to {other} (no cluster runs there)")
+        log(f"removed a stale {SITE_CONF} link to {other} (no cluster runs there)")
     if SITE_CONF.exists() or SITE_CONF.is_symlink():
         shutil.move(str(SITE_CONF), _saved_site_conf(state.spec))
-        _log(f"kept the existing {SITE_CONF} aside; `down` puts it back")
+        log(f"kept the existing {SITE_CONF} aside; `down` puts it back")
     SITE_CONF.parent.mkdir(parents=True, exist_ok=True)
     SITE_CONF.symlink_to(state.spec.conf_path)
     state.site_conf_linked = True
     state.save()
-    _log(f"linked {SITE_CONF} -> {state.spec.conf_path}")
+    log(f"linked {SITE_CONF} -> {state.spec.conf_path}")
 
 
 def unlink_site_conf(state: State) -> None:
@@ -175,4 +175,4 @@ def unlink_site_conf(state: State) -> None:
     saved = _saved_site_conf(state.spec)
     if saved.exists() or saved.is_symlink():
         shutil.move(str(saved), SITE_CONF)
-    _log(f"restored {SITE_CONF}")
+    log(f"restored {SITE_CONF}")

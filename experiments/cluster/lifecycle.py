@@ -14,19 +14,19 @@ from pathlib import Path
 
 from experiments.cluster.daemons import (
     State,
-    _logs_tail,
-    _pid_alive,
-    _start,
-    _stop_pid,
     client_env,
+    logs_tail,
+    pid_alive,
+    start_daemon,
+    stop_pid,
 )
 from experiments.cluster.host import (
-    _add_hosts,
-    _edit_hosts,
-    _exe,
+    add_hosts,
+    edit_hosts,
     ensure_munge_key,
     ensure_packages,
     link_site_conf,
+    require_executable,
     unlink_site_conf,
 )
 from experiments.cluster.spec import (
@@ -34,10 +34,10 @@ from experiments.cluster.spec import (
     MUNGE_KEY,
     ClusterError,
     ClusterSpec,
-    _log,
     default_spec,
     hosts_marker,
     hosts_without_nodes,
+    log,
     slurm_conf,
 )
 
@@ -56,7 +56,7 @@ def _prepare_dirs(spec: ClusterSpec) -> None:
 def _start_munged(state: State) -> None:
     d = state.spec.munge_dir
     cmd = [
-        _exe("munged"),
+        require_executable("munged"),
         "--foreground",
         f"--socket={state.spec.munge_socket}",
         f"--key-file={MUNGE_KEY}",
@@ -64,8 +64,8 @@ def _start_munged(state: State) -> None:
         f"--pid-file={d}/munged.pid",
         f"--seed-file={d}/munged.seed",
     ]
-    _start(state, "munged", cmd, user="munge")
-    probe = [_exe("munge"), "-n", f"--socket={state.spec.munge_socket}"]
+    start_daemon(state, "munged", cmd, user="munge")
+    probe = [require_executable("munge"), "-n", f"--socket={state.spec.munge_socket}"]
     _wait(
         lambda: subprocess.run(probe, capture_output=True, check=False).returncode == 0,
         state,
@@ -76,9 +76,11 @@ def _start_munged(state: State) -> None:
 
 def _start_slurm(state: State) -> None:
     conf = str(state.spec.conf_path)
-    _start(state, "slurmctld", [_exe("slurmctld"), "-D", "-f", conf])
+    start_daemon(state, "slurmctld", [require_executable("slurmctld"), "-D", "-f", conf])
     for node in state.spec.nodes:
-        _start(state, f"slurmd-{node}", [_exe("slurmd"), "-D", "-N", node, "-f", conf])
+        start_daemon(
+            state, f"slurmd-{node}", [require_executable("slurmd"), "-D", "-N", node, "-f", conf]
+        )
 
 
 def nodes_idle(sinfo_output: str, nodes: Sequence[str]) -> bool:
@@ -92,7 +94,7 @@ def nodes_idle(sinfo_output: str, nodes: Sequence[str]) -> bool:
 
 
 def _sinfo(spec: ClusterSpec) -> str:
-    cmd = [_exe("sinfo"), "-h", "-N", "-o", "%N %t"]
+    cmd = [require_executable("sinfo"), "-h", "-N", "-o", "%N %t"]
     done = subprocess.run(
         cmd, env=client_env(spec), capture_output=True, text=True, timeout=30, check=False
     )
@@ -103,19 +105,19 @@ def _wait(ready: Callable[[], bool], state: State, what: str, timeout_s: float) 
     """Poll `ready()` until true; fail early if a started daemon died, late with its logs."""
     deadline = time.monotonic() + timeout_s
     while not ready():
-        dead = [n for n, pid in state.pids.items() if not _pid_alive(pid, n)]
+        dead = [n for n, pid in state.pids.items() if not pid_alive(pid, n)]
         if dead or time.monotonic() > deadline:
             why = f"{', '.join(dead)} exited" if dead else f"not within {timeout_s:g} s"
             raise ClusterError(
                 f"waiting for {what}: {why}. Daemon logs follow; fix what they name, or "
-                f"raise --timeout if the machine is just slow.\n{_logs_tail(state.spec)}"
+                f"raise --timeout if the machine is just slow.\n{logs_tail(state.spec)}"
             )
         time.sleep(0.5)
 
 
 def is_running(state: State) -> bool:
     """True when every daemon in `state` runs and sinfo shows every node idle or busy."""
-    if not all(_pid_alive(pid, name) for name, pid in state.pids.items()):
+    if not all(pid_alive(pid, name) for name, pid in state.pids.items()):
         return False
     names = {line.split()[0] for line in _sinfo(state.spec).splitlines() if line.strip()}
     return set(state.spec.nodes) <= names
@@ -132,10 +134,10 @@ def up(
     """
     existing = State.load(state_dir)
     if existing is not None and is_running(existing):
-        _log(f"already up ({existing.spec.conf_path}); nothing to do")
+        log(f"already up ({existing.spec.conf_path}); nothing to do")
         return existing
     if existing is not None:
-        _log("a previous cluster in this state dir is partly down: stopping its rest")
+        log("a previous cluster in this state dir is partly down: stopping its rest")
         down(state_dir)
     if os.geteuid() != 0:
         raise ClusterError(
@@ -150,7 +152,7 @@ def up(
         _prepare_dirs(state.spec)
         state.save()
         _start_munged(state)
-        _add_hosts(state)
+        add_hosts(state)
         link_site_conf(state)
         _start_slurm(state)
         _wait(
@@ -160,10 +162,10 @@ def up(
             timeout_s,
         )
     except BaseException:
-        _log("bring-up failed: stopping what it started")
+        log("bring-up failed: stopping what it started")
         down(state.spec.state_dir)
         raise
-    _log(
+    log(
         f"up in {time.monotonic() - start:.1f} s: nodes {', '.join(state.spec.nodes)} idle, "
         f"partitions {', '.join(state.spec.partitions)} (default {state.spec.partitions[0]})"
     )
@@ -175,14 +177,14 @@ def up(
 
 def _cancel_jobs(state: State) -> None:
     """Cancel every job of this cluster and give the nodes a moment to end their steps."""
-    if not _pid_alive(state.pids.get("slurmctld", -1), "slurmctld"):
+    if not pid_alive(state.pids.get("slurmctld", -1), "slurmctld"):
         return
     env = client_env(state.spec)
     jobs = _job_ids(env)
     if not jobs:
         return
-    _log(f"cancelling {len(jobs)} job(s): {' '.join(jobs)}")
-    subprocess.run([_exe("scancel"), *jobs], env=env, timeout=30, check=False)
+    log(f"cancelling {len(jobs)} job(s): {' '.join(jobs)}")
+    subprocess.run([require_executable("scancel"), *jobs], env=env, timeout=30, check=False)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if not _job_ids(env):
@@ -192,8 +194,10 @@ def _cancel_jobs(state: State) -> None:
 
 def _job_ids(env: dict[str, str]) -> list[str]:
     """The ids of the cluster's jobs, as ``squeue`` lists them."""
-    listed = subprocess.run([_exe("squeue"), "-h", "-o", "%i"], env=env, capture_output=True,
-                            text=True, timeout=30, check=False)  # fmt: skip
+    squeue = [require_executable("squeue"), "-h", "-o", "%i"]
+    listed = subprocess.run(
+        squeue, env=env, capture_output=True, text=True, timeout=30, check=False
+    )
     return listed.stdout.split()
 
 
@@ -207,7 +211,7 @@ def _kill_orphan_steps(spec: ClusterSpec) -> None:
             if tag not in proc.joinpath("environ").read_bytes() + b"\0":
                 continue
             os.kill(int(proc.name), signal.SIGKILL)
-            _log(f"killed a leftover slurmstepd (pid {proc.name})")
+            log(f"killed a leftover slurmstepd (pid {proc.name})")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
 
@@ -216,20 +220,20 @@ def down(state_dir: Path) -> None:
     """Stop exactly what `up` started in `state_dir` and remove what it added (idempotent)."""
     state = State.load(state_dir)
     if state is None:
-        _log(f"no cluster in {state_dir}; nothing to stop")
+        log(f"no cluster in {state_dir}; nothing to stop")
         return
     with contextlib.suppress(subprocess.TimeoutExpired, ClusterError):
         _cancel_jobs(state)
     for name, pid in reversed(state.pids.items()):
-        _stop_pid(pid, name)
+        stop_pid(pid, name)
     _kill_orphan_steps(state.spec)
     if state.hosts_added:
-        _edit_hosts(lambda text: hosts_without_nodes(text, hosts_marker(state.spec.state_dir)))
-        _log(f"removed this cluster's line from {HOSTS_FILE}")
+        edit_hosts(lambda text: hosts_without_nodes(text, hosts_marker(state.spec.state_dir)))
+        log(f"removed this cluster's line from {HOSTS_FILE}")
     if state.site_conf_linked:
         unlink_site_conf(state)
     shutil.rmtree(state.spec.state_dir, ignore_errors=True)
-    _log(f"down; removed {state.spec.state_dir}")
+    log(f"down; removed {state.spec.state_dir}")
 
 
 def status(state_dir: Path) -> int:
@@ -239,7 +243,7 @@ def status(state_dir: Path) -> int:
         print(f"down: no cluster in {state_dir}")
         return 1
     for name, pid in state.pids.items():
-        print(f"{name:12} pid {pid:<8} {'running' if _pid_alive(pid, name) else 'NOT running'}")
+        print(f"{name:12} pid {pid:<8} {'running' if pid_alive(pid, name) else 'NOT running'}")
     print(f"export SLURM_CONF={state.spec.conf_path}")
     print(_sinfo(state.spec) or "sinfo: no answer", end="")
     return 0 if is_running(state) else 1

@@ -38,7 +38,7 @@ EXECUTABLES = (
     "scancel",
 )
 _PORT_RANGE = (17000, 19000)
-_STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0
 
 
 class ClusterError(RuntimeError):
@@ -173,7 +173,7 @@ def hosts_without_nodes(text: str, marker: str) -> str:
     return "".join(kept)
 
 
-def _log(message: str) -> None:
+def log(message: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
