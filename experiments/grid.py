@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import odb.kit
-
 TEXT_DATASETS = ("ultrachat",)
 # The ODB settings of experiments/configs/method/odb.yaml: an ablation option equal to one of
 # them names the main-grid cell itself (so it is not run twice).
@@ -457,9 +455,12 @@ def refuse_renamed(config: Mapping[str, Any]) -> None:
         ...
         ValueError: train.engine was renamed train.strategy (...); write strategy: ddp ...
     """
+    # Imported here: the paper scripts read the grid and never import torch (``import odb`` does).
+    from odb.kit import refuse_renamed as refuse
+
     for section, renamed in RENAMED_KEYS.items():
         fix = "write {new}: {value} under " + section + ": in the workflow config"
-        odb.kit.refuse_renamed(config.get(section) or {}, renamed, fix, prefix=f"{section}.")
+        refuse(config.get(section) or {}, renamed, fix, prefix=f"{section}.")
 
 
 def build_grid(config: Mapping[str, Any]) -> Grid:
