@@ -20,8 +20,15 @@ Example:
 from baselines.config import BaselineConfig
 from baselines.length_cache import LengthCache, StaleCacheError
 from baselines.loader import PlannedLoader
-from baselines.methods import BMTLoader, GMTLoader, PackingLoader, SortedLoader, StandardLoader
-from baselines.packing import PackCollate, block_causal_mask
+from baselines.methods import (
+    BMTLoader,
+    GMTLoader,
+    PackCollate,
+    PackingLoader,
+    SortedLoader,
+    StandardLoader,
+    block_causal_mask,
+)
 from baselines.registry import METHODS, build_loader, needs_lengths
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The shared loader of every baseline: ODB's interface over a plain ``DataLoader``.
 
-Each baseline only supplies its per-epoch plan (:mod:`baselines.plans`); this module
+Each baseline only supplies its per-epoch plan (:mod:`baselines.methods`); this module
 does the rest once, the same way for all of them:
 
 * ``iter()`` is one epoch. Every rank computes the same plan from ``seed + epoch``
@@ -53,7 +53,7 @@ from baselines.config import BaselineConfig
 from baselines.length_cache import LengthSource, default_length, default_patches, resolve_lengths
 from baselines.plans import Plan, check_plan
 
-__all__ = ["PlannedLoader", "StepMeta"]
+__all__ = ["FixedBatchLoader", "PlannedLoader", "StepMeta", "TokenBudgetedLoader"]
 
 # State keys (named constants, torchdata-style). PROGRESS holds every sample consumed this
 # epoch over all ranks; PLAN_BASE those consumed before the current plan was made.
@@ -542,3 +542,30 @@ def _check_dataset(dataset: Any) -> None:
         )
     if len(dataset) == 0:
         raise ValueError("the dataset is empty; a loader needs at least one sample")
+
+
+class FixedBatchLoader(PlannedLoader):
+    """A method whose batches have a fixed size (``config.fixed_batch_size()``)."""
+
+    def _setup(self) -> None:
+        self.batch_size = self.config.fixed_batch_size()
+
+    def _plan_params(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "shuffle": self.config.shuffle}
+
+
+class TokenBudgetedLoader(PlannedLoader):
+    """A method whose groups are sized by ``token_budget``: ``batch_size`` and
+    ``cutoff_len`` are refused."""
+
+    def _setup(self) -> None:
+        for name in ("batch_size", "cutoff_len"):
+            if getattr(self.config, name) is not None:
+                raise ValueError(
+                    f"{name}={getattr(self.config, name)} has no meaning for the "
+                    f"{self.method!r} method, whose groups are sized by token_budget; "
+                    f"leave {name}=None"
+                )
+
+    def _plan_params(self) -> dict[str, Any]:
+        return {"shuffle": self.config.shuffle}

@@ -7,7 +7,7 @@ preprocessing pipeline with a locally trained tokenizer) this benchmark
    (:func:`baselines.length_cache.build`, images decoded and processed) and times it,
    next to the pipeline's cheap ``length(i)`` pass (no pixels) for comparison;
 2. plans one epoch of every baseline from the cached lengths with the loaders' own
-   planners (:mod:`baselines.plans`; Sorted uses the cache too, its best case) and
+   planners (:mod:`baselines.methods`; Sorted uses the cache too, its best case) and
    simulates ODB with :func:`odb.planning.simulate.simulate` (the real round protocol);
 3. reports per method: steps per epoch, padding efficiency (real / occupied tokens),
    budget fill (mean cost / budget over real steps), IDLE steps, dropped samples
@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from baselines.length_cache import build as build_cache
-from baselines.plans import BMTPlan, GMTPlan, PackingPlan, Plan, SortedPlan, StandardPlan
+from baselines.methods import BMTPlan, GMTPlan, PackingPlan, SortedPlan, StandardPlan
+from baselines.plans import Plan
 from bench import _io
 from odb import ODBConfig, TokenBudget
 from odb.kit import GroupMeasure

@@ -7,15 +7,8 @@ import random
 import pytest
 
 from baselines.config import BaselineConfig
-from baselines.plans import (
-    BMTPlan,
-    GMTPlan,
-    PackingPlan,
-    SortedPlan,
-    StandardPlan,
-    check_plan,
-    deal,
-)
+from baselines.methods import BMTPlan, GMTPlan, PackingPlan, SortedPlan, StandardPlan
+from baselines.plans import check_plan, deal
 from odb.core.budget import GroupMeasure, TokenBudget
 from odb.core.sharding import epoch_order, rank_view
 from tests.baselines.toy import toy_lengths

@@ -1,7 +1,11 @@
-"""Packing's collate: samples concatenated into one row, isolated from each other.
+"""Packing: greedy-knapsack rows of concatenated samples, isolated from each other.
+
+The plan (:class:`PackingPlan`) fills rows of up to ``token_budget`` packed tokens from
+the length cache, shuffles them and deals them round-robin (batch size 1 per rank);
+the collate (:class:`PackCollate`) concatenates a row's samples.
 
 A packed row must train exactly as its samples would unpacked. Three things make that
-so (checked against the tiny Qwen3-VL in ``tests/baselines/test_packing.py``):
+so (checked against the tiny Qwen3-VL in ``tests/baselines/methods/test_packing.py``):
 
 * ``position_ids`` restart at 0 for every sample;
 * attention never crosses a sample boundary. With transformers 5.24 under ``sdpa`` and
@@ -18,13 +22,19 @@ Packing is text-only: samples with images are refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import bisect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["PackCollate", "block_causal_mask"]
+import odb
+import odb.kit
+from baselines.loader import TokenBudgetedLoader
+from baselines.plans import Plan, StepIds, deal, shuffled
+
+__all__ = ["PackCollate", "PackingLoader", "PackingPlan", "block_causal_mask"]
 
 _VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
@@ -120,3 +130,82 @@ def _length(index: int, sample: Mapping[str, Any]) -> int:
     if "input_ids" not in sample:
         raise ValueError(f"sample {index} has no 'input_ids' (fields: {sorted(sample)})")
     return int(torch.as_tensor(sample["input_ids"]).shape[0])
+
+
+@dataclass(frozen=True)
+class PackingPlan:
+    """Greedy-knapsack rows of up to ``budget`` packed tokens, shuffled, dealt round-robin.
+
+    The budget must use the ``"packed"`` cost model. ``budget.admits`` has the last word
+    on every placement, so an oversize sample still gets a row of its own.
+
+    Example:
+        >>> PackingPlan(odb.TokenBudget(8, "packed"), lengths=(5, 3, 6, 2, 1), shuffle=False)(
+        ...     range(5), world_size=2, seed=0)
+        [[(2, 3), (4,)], [(0, 1), ()]]
+    """
+
+    budget: odb.TokenBudget
+    lengths: Sequence[int] = field(repr=False)
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.budget.cost_model != "packed":
+            raise ValueError(
+                f"PackingPlan needs a 'packed' cost model, got {self.budget.cost_model!r}: "
+                "a packed row costs the sum of its lengths"
+            )
+
+    def rows(self, pool: Sequence[int]) -> list[StepIds]:
+        """The rows, in the order they were filled (longest first sample first)."""
+        # Ascending (length, index): bisect finds the longest sample within a capacity.
+        remaining = sorted((int(self.lengths[i]), i) for i in pool)
+        rows = []
+        while remaining:
+            length, index = remaining.pop()
+            row, m = [index], odb.kit.GroupMeasure().plus(length)
+            while remaining:
+                room = self.budget.max_tokens - m.sum_len
+                pos = bisect.bisect_right(remaining, (room, float("inf"))) - 1
+                if pos < 0 or not self.budget.admits(m, remaining[pos][0]):
+                    break
+                length, index = remaining.pop(pos)
+                row.append(index)
+                m = m.plus(length)
+            rows.append(tuple(row))
+        return rows
+
+    def __call__(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
+        return deal(shuffled(self.rows(pool), seed, self.shuffle), world_size)
+
+
+class PackingLoader(TokenBudgetedLoader):
+    """Text-only packed rows of up to ``token_budget`` tokens (batch size 1 per rank).
+
+    The default collate is :class:`PackCollate` (restarted
+    ``position_ids``, block-causal 4-D mask, first label of each sample masked). The
+    budget's cost model is ``"packed"``; a ``"padded"`` one is refused.
+    """
+
+    method = "packing"
+    default_cost_model = "packed"
+
+    def _setup(self) -> None:
+        super()._setup()
+        if self.budget.cost_model != "packed":
+            raise ValueError(
+                "packing prices a row by the sum of its lengths: leave cost_model=None or "
+                f"set 'packed', got {self.config.cost_model!r}"
+            )
+        if self.patches is not None and any(self.patches):
+            raise ValueError(
+                "packing is text-only, but the length cache has samples with visual "
+                "patches; use gmt, bmt or odb for multimodal data"
+            )
+
+    def _default_collate(self) -> Callable[[list[Any]], Any]:
+        return PackCollate(ignore_index=self.config.ignore_index, label_key=self.config.label_key)
+
+    def plan(self, pool: Sequence[int], world_size: int, seed: int) -> Plan:
+        assert self.lengths is not None
+        return PackingPlan(self.budget, self.lengths, self.config.shuffle)(pool, world_size, seed)
