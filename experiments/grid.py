@@ -224,9 +224,9 @@ class Grid:
         if self.needs_cache(name):
             overrides.append(f"method.length_cache=results/cache/{cell.data}.json")
         if t.get("epochs") is not None:  # the workflow's epochs per run; an ablation's win
-            overrides.append(f"train.epochs={t['epochs']}")
+            overrides.append(f"optim.epochs={t['epochs']}")
         if cell.epochs is not None:
-            overrides.append(f"train.epochs={cell.epochs}")
+            overrides.append(f"optim.epochs={cell.epochs}")
         model = t["models"][cell.model]
         if model.get("hub"):  # a staged checkpoint, read from the site cache
             overrides.append(f"model.path={staged_model(self.config, model['hub'])}")

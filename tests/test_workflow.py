@@ -86,7 +86,7 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
         epochs = re.findall(r"train\.epochs=(\d+)", block)
         assert epochs and int(epochs[-1]) == (2 if cell.endswith(".e2") else 1), cell
     assert all("--repeats 1 " in b for b in caches)
-    for cpu_value in ("results/data/assets/processor", "model/tiny.yaml", "train.lr=1.0e-3"):
+    for cpu_value in ("results/data/assets/processor", "model/tiny.yaml", "optim.lr=1.0e-3"):
         assert cpu_value not in out, cpu_value
 
 
@@ -241,8 +241,8 @@ def test_paper_jobs_read_only_the_staged_cache() -> None:
 def test_cpu_grid_times_three_epochs_after_a_warm_up_in_every_run() -> None:
     grid = build_grid(_config("cpu.yaml"))
     for name, cell in grid.cells.items():
-        epochs = [w for w in grid.train_args(name).split() if w.startswith("train.epochs=")]
-        assert epochs[-1] == f"train.epochs={cell.epochs or 4}", name  # the last one wins
+        epochs = [w for w in grid.train_args(name).split() if w.startswith("optim.epochs=")]
+        assert epochs[-1] == f"optim.epochs={cell.epochs or 4}", name  # the last one wins
 
 
 def test_cells_run_grouped_by_dataset_with_each_reference_before_its_methods() -> None:

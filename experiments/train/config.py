@@ -2,7 +2,7 @@
 
 A run is described by a few small YAML files composed in order (scale, model, method,
 mode, strategy; see ``experiments/configs/``) plus ``key=value`` overrides on the command
-line, e.g. ``method.name=gmt train.lr=2e-5``. A file may name other files to merge
+line, e.g. ``method.name=gmt optim.lr=2e-5``. A file may name other files to merge
 first with ``include: [relative/path.yaml, ...]``. Later layers win, key by key.
 
 Every key is a typed field of a section dataclass below; an unknown key or a bad value
@@ -206,7 +206,7 @@ class MethodConfig:
                  f"method.token_budget must be >= 1, got {self.token_budget}")
         _require(self.num_workers >= 0, f"method.num_workers must be >= 0, got "
                  f"{self.num_workers}")
-        owned = {"grad_accum_steps": "train.grad_accum_steps", "seed": "run.seed",
+        owned = {"grad_accum_steps": "optim.grad_accum_steps", "seed": "run.seed",
                  "cutoff_len": "data.cutoff_len", "token_budget": "method.token_budget",
                  "num_workers": "method.num_workers"}
         for section, cls in (("odb", ODBConfig), ("baseline", BaselineConfig)):
@@ -299,20 +299,20 @@ class OptimConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(self.epochs >= 1, f"train.epochs must be >= 1, got {self.epochs}")
-        _require(self.max_steps >= 0, f"train.max_steps must be >= 0, got {self.max_steps}")
-        _require(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
-        _require(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got "
+        _require(self.epochs >= 1, f"optim.epochs must be >= 1, got {self.epochs}")
+        _require(self.max_steps >= 0, f"optim.max_steps must be >= 0, got {self.max_steps}")
+        _require(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got "
                  f"{self.weight_decay}")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-                 f"train.betas must be two numbers in [0, 1), got {self.betas}")
-        _require(0 <= self.warmup_ratio < 1, f"train.warmup_ratio must be in [0, 1), got "
+                 f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        _require(0 <= self.warmup_ratio < 1, f"optim.warmup_ratio must be in [0, 1), got "
                  f"{self.warmup_ratio}")
-        _require(0 <= self.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got "
+        _require(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got "
                  f"{self.min_lr_ratio}")
-        _require(self.grad_accum_steps >= 1, f"train.grad_accum_steps must be >= 1, got "
+        _require(self.grad_accum_steps >= 1, f"optim.grad_accum_steps must be >= 1, got "
                  f"{self.grad_accum_steps}")
-        _require(self.max_grad_norm >= 0, f"train.max_grad_norm must be >= 0 (0 = off), got "
+        _require(self.max_grad_norm >= 0, f"optim.max_grad_norm must be >= 0 (0 = off), got "
                  f"{self.max_grad_norm}")
 
 
@@ -349,6 +349,8 @@ class TrainConfig:
     RENAMED_SECTIONS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
         "engine": ("strategy", "how the model trains across processes, DDP or DeepSpeed; "
                    "'engine' now means only DeepSpeed's engine object"),
+        "train": ("optim", "the optimiser and its schedule; 'train' names the package, the "
+                  "whole run and the workflow's section"),
     })
 
     run: RunConfig
@@ -358,7 +360,7 @@ class TrainConfig:
     mode: Literal["full", "lora"] = "full"
     lora: LoraConfig = field(default_factory=LoraConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    train: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     def __post_init__(self) -> None:
@@ -508,7 +510,7 @@ def parse_override(text: str) -> dict[str, Any]:
     """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` (value read as YAML).
 
     Example:
-        >>> parse_override("train.lr=2e-5")
+        >>> parse_override("optim.lr=2e-5")
         {'train': {'lr': '2e-5'}}
     """
     key, sep, raw = text.partition("=")

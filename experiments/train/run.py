@@ -76,7 +76,7 @@ class Dist:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.train", description=__doc__.splitlines()[0],
-        epilog="Overrides: section.key=value, e.g. method.name=gmt train.lr=2e-5")
+        epilog="Overrides: section.key=value, e.g. method.name=gmt optim.lr=2e-5")
     parser.add_argument("--config", action="append", required=True,
                         help="YAML layer (repeatable; later layers win)")
     parser.add_argument("--resume", default="none",
@@ -202,7 +202,7 @@ def _length_cache(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int, out
 def build_method_loader(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int,
                         out_dir: Path) -> tuple[Any, dict[str, Any] | None]:
     """The loader of ``cfg.method`` with this run's seed, accumulation and collate."""
-    options = cfg.method.loader_options(cfg.train.grad_accum_steps, cfg.run.seed,
+    options = cfg.method.loader_options(cfg.optim.grad_accum_steps, cfg.run.seed,
                                         cfg.data.cutoff_len)
     if cfg.method.name == "packing":
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -276,8 +276,10 @@ def resolve_resume(option: str, out_dir: Path, cfg: TrainConfig) -> tuple[Path |
 def check_resumable(saved: dict[str, Any], cfg: TrainConfig, folder: Path) -> None:
     """What decides the samples and their grouping must match; workers, logging may change."""
     now = cfg.to_dict()
+    if "optim" not in saved and "train" in saved:  # saved before the section was renamed
+        saved = {**saved, "optim": saved["train"]}
     for key in ("data", "method.name", "method.token_budget", "method.odb", "method.baseline",
-                "train.grad_accum_steps", "run.seed"):
+                "optim.grad_accum_steps", "run.seed"):
         section, _, name = key.partition(".")
         old, new = saved[section], now[section]
         if name:
@@ -342,7 +344,7 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     model = build_trainable_model(cfg, train_set.tokenizer, d.device, resume_from)
     params = parameter_counts(model)
     clock.mark("model")
-    strategy = make_strategy(model, cfg.strategy, cfg.train, cfg.model.dtype == "bfloat16",
+    strategy = make_strategy(model, cfg.strategy, cfg.optim, cfg.model.dtype == "bfloat16",
                              d.device)
     clock.mark("strategy")
     counters, fraction = Counters(), 0.0
@@ -355,9 +357,9 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
              params["trainable"], params["total"])
     checkpoint = Checkpointer(cfg, d.rank, out_dir, strategy, loader, train_set)
     counters, schedule = _run_loop(cfg, d, out_dir, resume_from is not None, TrainLoop(
-        strategy=strategy, loader=loader, dataset=train_set, optim=cfg.train,
-        counters=counters, fraction=fraction, epochs=cfg.train.epochs,
-        max_steps=cfg.train.max_steps, log_every=cfg.run.log_every,
+        strategy=strategy, loader=loader, dataset=train_set, optim=cfg.optim,
+        counters=counters, fraction=fraction, epochs=cfg.optim.epochs,
+        max_steps=cfg.optim.max_steps, log_every=cfg.run.log_every,
         save_every=cfg.run.save_every, save=checkpoint.save))
     _sum_rank_counters(counters, d.device)
     _save_final(out_dir / "final", d.rank, strategy, _state(cfg, counters, schedule),

@@ -50,7 +50,7 @@ PAPER = _cell_configs(load_files(PAPER_CONFIG))
 
 
 def _loader_key(cfg: TrainConfig) -> str:
-    options = cfg.method.loader_options(cfg.train.grad_accum_steps, cfg.run.seed,
+    options = cfg.method.loader_options(cfg.optim.grad_accum_steps, cfg.run.seed,
                                         cfg.data.cutoff_len)
     return json.dumps([cfg.method.name, cfg.method.token_budget, options], sort_keys=True)
 

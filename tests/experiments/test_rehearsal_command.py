@@ -70,5 +70,5 @@ def test_the_rehearsals_jobs_differ_from_the_users_only_by_the_overlay(tmp_path:
     differ = {k for k in users.keys() | rehearsal.keys() if users.get(k) != rehearsal.get(k)}
     assert differ <= OVERLAY_KEYS, differ - OVERLAY_KEYS
     assert {"data.max_samples", "model.dtype", "run.scale"} <= differ  # the overlay applied
-    assert users["train.epochs"] == rehearsal["train.epochs"] == "1"
+    assert users["optim.epochs"] == rehearsal["optim.epochs"] == "1"
     assert str(OVERLAY) in snakemake_command(prepare_dir, [TARGET], 4)

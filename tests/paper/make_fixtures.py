@@ -210,7 +210,7 @@ def _config(name: str, cell: dict, scale: str, epochs: int, odb_cfg: dict) -> di
         "method": {"num_workers": 1, "odb": odb_cfg},
         "mode": cell["mode"],
         "strategy": {"name": "ddp"},
-        "train": {"epochs": epochs, "grad_accum_steps": 1},
+        "optim": {"epochs": epochs, "grad_accum_steps": 1},
     }
 
 

@@ -23,8 +23,8 @@ ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"
 # micro-steps a window, a checkpoint every window. Standard takes 2 samples per rank
 # and step at W=2 (budget 2048 // cutoff 1024): 4 steps an epoch, so each epoch ends on
 # a short window of 1 step (what the last-window resume test needs).
-WHOLE = ("data.max_samples=24", "train.max_steps=0", "train.epochs=2",
-         "train.grad_accum_steps=3", "run.save_every=1", "run.keep_checkpoints=100",
+WHOLE = ("data.max_samples=24", "optim.max_steps=0", "optim.epochs=2",
+         "optim.grad_accum_steps=3", "run.save_every=1", "run.keep_checkpoints=100",
          "run.record_sample_ids=true", "validation.enabled=true")
 WHOLE_TRAIN_SAMPLES = 16
 
@@ -71,7 +71,7 @@ def base_layer(proxy_root: Path, processor_dir: Path, model_dir: Path, **data) -
                  "processor": str(processor_dir), "max_samples": 40, "holdout_samples": 8,
                  "cutoff_len": 1024, **data},
         "method": {"token_budget": 2048, "num_workers": 0},
-        "train": {"max_steps": 3, "lr": 1.0e-3},
+        "optim": {"max_steps": 3, "lr": 1.0e-3},
         "validation": {"enabled": False},
     }
 

@@ -15,7 +15,7 @@ LAYERS = sorted(p for p in CONFIGS.rglob("*.yaml") if p != QUICK)
 def test_quick_config_loads() -> None:
     cfg = load_config([QUICK])
     assert (cfg.method.name, cfg.mode, cfg.strategy.name) == ("odb", "full", "ddp")
-    assert cfg.data.holdout_samples == 32 and cfg.train.lr == 1e-3
+    assert cfg.data.holdout_samples == 32 and cfg.optim.lr == 1e-3
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -25,10 +25,10 @@ def test_every_shipped_layer_composes_with_the_quick_config(layer: Path) -> None
 
 
 def test_overrides_win_and_are_typed() -> None:
-    cfg = load_config([QUICK], ["method.name=standard", "train.lr=2e-5", "train.betas=[0.9, 0.95]",
+    cfg = load_config([QUICK], ["method.name=standard", "optim.lr=2e-5", "optim.betas=[0.9, 0.95]",
                                 "method.num_workers=3", "method.baseline.batch_size=4"])
-    assert cfg.method.name == "standard" and cfg.train.lr == 2e-5
-    assert cfg.train.betas == (0.9, 0.95) and cfg.method.num_workers == 3
+    assert cfg.method.name == "standard" and cfg.optim.lr == 2e-5
+    assert cfg.optim.betas == (0.9, 0.95) and cfg.method.num_workers == 3
     options = cfg.method.loader_options(2, 7, 1024)
     assert options == {"batch_size": 4, "num_workers": 3, "grad_accum_steps": 2, "seed": 7,
                        "cutoff_len": 1024}
@@ -39,9 +39,9 @@ def test_overrides_win_and_are_typed() -> None:
     ("method.nam=odb", "unknown key 'method.nam'"),
     ("methods.name=odb", "unknown key 'methods'"),
     ("method.name=fancy", r"method.name='fancy' is not allowed; choose one of"),
-    ("train.epochs=two", "train.epochs must be an integer"),
-    ("train.lr=fast", "train.lr must be a number"),
-    ("train.lr=0", "train.lr must be > 0"),
+    ("optim.epochs=two", "optim.epochs must be an integer"),
+    ("optim.lr=fast", "optim.lr must be a number"),
+    ("optim.lr=0", "optim.lr must be > 0"),
     ("method.token_budget=0", "method.token_budget must be >= 1"),
     ("data.dataset=coco", r"data.dataset='coco' is not allowed"),
     ("data.cutoff_len=8", "data: cutoff_len must be >= 16"),
@@ -111,3 +111,15 @@ def test_preflight_takes_a_glob_over_staged_shards(tmp_path: Path) -> None:
     missing = [f"data.source={shards}/test_sft-*.parquet", *overrides[1:]]
     with pytest.raises(ConfigError, match="test_sft-\\*.parquet does not exist"):
         preflight(load_config([QUICK], missing))
+
+
+def test_the_former_train_section_is_refused_naming_optim() -> None:
+    """The optimiser section was ``train`` (a word that also names the package, the whole
+    run and the workflow's section): an override or a mapping that still uses it fails,
+    naming ``optim``."""
+    renamed = r"^train was renamed optim \(the optimiser and its schedule"
+    with pytest.raises(ConfigError, match=renamed + r".*write optim.lr=1 instead of train.lr=1$"):
+        load_config([QUICK], ["train.lr=1"])
+    data = {**load_config([QUICK]).to_dict(), "train": {"lr": 1.0}}
+    with pytest.raises(ConfigError, match=renamed + ".*rename the key 'train' to 'optim'$"):
+        TrainConfig.from_dict(data)

@@ -85,7 +85,7 @@ def test_closing_leaves_no_thread_or_open_file_also_after_an_error(tmp_path: Pat
 # 9 records, none held out, one whole epoch of Standard at W=2 (2 samples a batch: budget
 # 2048 // cutoff 1024): rank 1 runs out of samples a step before rank 0 (an IDLE step).
 # Points are exchanged every 2 steps and at the end.
-WHOLE_EPOCH = ("data.max_samples=9", "data.holdout_samples=0", "train.max_steps=0",
+WHOLE_EPOCH = ("data.max_samples=9", "data.holdout_samples=0", "optim.max_steps=0",
                "run.log_every=2", "run.record_sample_ids=true")
 
 

@@ -21,9 +21,9 @@ from tests.experiments.train.conftest import train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-EXACT = ("data.max_samples=3", "data.holdout_samples=0", "train.grad_accum_steps=2",
-         "train.optimizer=sgd", "train.lr=1.0", "train.schedule=constant",
-         "train.warmup_ratio=0.0", "train.max_grad_norm=0.0", "train.max_steps=1",
+EXACT = ("data.max_samples=3", "data.holdout_samples=0", "optim.grad_accum_steps=2",
+         "optim.optimizer=sgd", "optim.lr=1.0", "optim.schedule=constant",
+         "optim.warmup_ratio=0.0", "optim.max_grad_norm=0.0", "optim.max_steps=1",
          "run.record_sample_ids=true", "method.token_budget=1024")
 
 
@@ -91,8 +91,8 @@ def test_fsdp_at_three_ranks_steps_on_the_global_per_token_mean(
 ) -> None:
     """W=3 under FSDP2, one sample per rank: with accumulation 1 the window is one
     micro-step; with 3 it is the epoch's last window, short (one micro-step of three)."""
-    overrides = tuple(o for o in EXACT if not o.startswith("train.grad_accum_steps"))
-    overrides += (f"train.grad_accum_steps={accum}", "strategy.name=fsdp")
+    overrides = tuple(o for o in EXACT if not o.startswith("optim.grad_accum_steps"))
+    overrides += (f"optim.grad_accum_steps={accum}", "strategy.name=fsdp")
     result = train(base_config, tmp_path, "method/odb.yaml", overrides=overrides, world=3)
     assert (result["steps"], result["idle_steps"], result["emitted_samples"]) == (1, 0, 3)
     ids, idle = _first_window(tmp_path, world=3, accum=accum)

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 # 64 training samples, 2 per rank and step at W=2 (budget 2048 // cutoff 1024): Standard's
 # epoch is 16 steps whether or not it is interrupted.
-RESUMABLE = ("data.max_samples=72", "train.max_steps=0", "run.save_every=4",
+RESUMABLE = ("data.max_samples=72", "optim.max_steps=0", "run.save_every=4",
              "run.record_sample_ids=true", "run.keep_checkpoints=10")
 STANDARD_STEPS = 16
 KILL_AFTER = 4

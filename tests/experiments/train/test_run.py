@@ -44,7 +44,7 @@ def _check_ddp_result(result: dict, out: Path, method: str) -> list[dict]:
 
 @pytest.mark.parametrize("method", ["sorted", "gmt", "bmt", "packing"])
 def test_every_method_trains_with_ddp(method: str, base_config: Path, tmp_path: Path) -> None:
-    """Three steps (``train.max_steps``) cut the epoch; Standard and ODB: the next test."""
+    """Three steps (``optim.max_steps``) cut the epoch; Standard and ODB: the next test."""
     result = train(base_config, tmp_path, f"method/{method}.yaml",
                    overrides=("run.record_sample_ids=true",))
     rows = _check_ddp_result(result, tmp_path, method)

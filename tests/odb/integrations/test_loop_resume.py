@@ -9,7 +9,6 @@ FSDP2 example trains two epochs and resumes its sharded checkpoint at W=2 and at
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import examples.tiny as tiny
 from harness.ranks import run_torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -38,17 +38,9 @@ def _run(
     return [json.loads((record / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
-def _tiny():
-    spec = importlib.util.spec_from_file_location("examples_tiny", EXAMPLES / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _assert_first_update_is_the_gradient(windows: list[list[dict]], step1: Path) -> None:
     """The model after the first window (``step1``, SGD at lr 1) moved by exactly the
     gradient of the per-token mean loss over both ranks' first-window samples."""
-    tiny = _tiny()
     dataset, model = tiny.RandomTokens(SAMPLES), tiny.tiny_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     ids = [i for w in windows for i in w[0]["ids"]]

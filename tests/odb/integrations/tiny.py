@@ -1,7 +1,8 @@
 """A tiny causal LM and a token dataset for the integration tests (CPU, seconds).
 
-Shared by the rank scripts (run under torchrun) and the tests that check them: the same
-seed builds the same initial weights in both, so the tests can compute the reference
+The examples' own (``examples/tiny.py``, their one home) at a smaller size. Shared by
+the rank scripts (run under torchrun) and the tests that check them: the same seed
+builds the same initial weights in both, so the tests can compute the reference
 gradient in their own process.
 """
 
@@ -9,47 +10,22 @@ from __future__ import annotations
 
 import torch
 
+import examples.tiny
+
 VOCAB = 97
 
 
 def tiny_model(seed: int = 0) -> torch.nn.Module:
-    """A 2-layer Qwen3 causal LM of about 30k parameters, seeded."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).float()
+    """The examples' tiny Qwen3 at about 30k parameters, seeded."""
+    return examples.tiny.tiny_model(vocab_size=VOCAB, hidden_size=32, seed=seed)
 
 
-class TokenDataset:
-    """``n`` samples of seeded random tokens, lengths drawn from [lo, hi]; the first
-    quarter of each sample is prompt (labels -100)."""
+class TokenDataset(examples.tiny.RandomTokens):
+    """``n`` samples of seeded random tokens over ``VOCAB``, lengths drawn from [lo, hi];
+    the first quarter of each sample is prompt (labels -100)."""
 
     def __init__(self, n: int, lo: int, hi: int, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + index)
-        ids = torch.randint(1, VOCAB, (self.lengths[index],), generator=g)
-        labels = ids.clone()
-        labels[: len(ids) // 4] = -100
-        return {"input_ids": ids, "labels": labels}
+        super().__init__(n, vocab=VOCAB, lo=lo, hi=hi, seed=seed)
 
 
 def reference_grads(model: torch.nn.Module, samples: list[dict]) -> dict[str, torch.Tensor]:
@@ -63,16 +39,8 @@ def reference_grads(model: torch.nn.Module, samples: list[dict]) -> dict[str, to
 
 
 def tiny_tokenizer():
-    """A word-level tokenizer over the ``VOCAB`` ids, pad 0 and eos 1 (TRL needs one)."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1} | {f"t{i}": i for i in range(2, VOCAB)}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
-        pad_token="<pad>",
-        eos_token="<eos>",
-    )
+    """The examples' word-level tokenizer over the ``VOCAB`` ids (TRL needs one)."""
+    return examples.tiny.tiny_tokenizer(VOCAB)
 
 
 def completion_dataset(dataset: TokenDataset):
