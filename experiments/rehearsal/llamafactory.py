@@ -1,17 +1,18 @@
 """LLaMA-Factory's SFT stage with ODB at W=2 on CPU trains every sample exactly once.
 
     make check-llamafactory                                  # venv, then this check
-    .venv-llamafactory/bin/python examples/llamafactory/check.py --out DIR
+    .venv-llamafactory/bin/python experiments/rehearsal/llamafactory.py --out DIR
 
 Hub-free: it builds a tiny Qwen3 and a byte-level BPE tokenizer (the artifact's
 ``experiments.data.assets.train_tokenizer``) in ``DIR/model``, an alpaca-format dataset
-of ``--samples`` records with its ``dataset_info.json`` in ``DIR/data``, and the recipe
-``recipe.yaml`` beside this file with those paths. Then ``torchrun --nproc_per_node 2``
-runs this file with ``--rank``: LLaMA-Factory's data preparation and trainer through
-:mod:`odb.integrations.llamafactory`, each rank writing the dataset indices of every
-batch it trained to ``DIR/ids/rank{r}.json``. Exits non-zero unless the two ranks
-together trained each index of LLaMA-Factory's tokenised dataset exactly once, that
-dataset holds every record, and LLaMA-Factory's ``trainer_log.jsonl`` ends at 100 %.
+of ``--samples`` records with its ``dataset_info.json`` in ``DIR/data``, and the
+example's recipe (``examples/llamafactory/recipe.yaml``) with those paths. Then
+``torchrun --nproc_per_node 2`` runs this file with ``--rank``: LLaMA-Factory's data
+preparation and trainer through :mod:`odb.integrations.llamafactory`, each rank writing
+the dataset indices of every batch it trained to ``DIR/ids/rank{r}.json``. Exits
+non-zero unless the two ranks together trained each index of LLaMA-Factory's tokenised
+dataset exactly once, that dataset holds every record, and LLaMA-Factory's
+``trainer_log.jsonl`` ends at 100 %.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = Path(__file__).with_name("recipe.yaml")
+RECIPE = ROOT / "examples" / "llamafactory" / "recipe.yaml"
 WORDS = "the a model token batch rank budget sample loss step data pad window group".split()
 
 
