@@ -39,19 +39,6 @@ from paper.common import (
     num,
 )
 
-ORDER = (
-    "throughput",
-    "quality",
-    "cache",
-    "budget",
-    "depth",
-    "leverage",
-    "policy",
-    "join",
-    "staleness",
-)
-assert set(ORDER) == set(TABLES)
-
 
 def _load(paper_dir: Path, name: str) -> dict[str, Any]:
     path = paper_dir / "tables" / f"{name}.json"
@@ -296,9 +283,9 @@ def _claims_section(tables: dict[str, dict], grid: dict[str, Any]) -> list[str]:
 
 
 def _tables_section(paper_dir: Path) -> list[str]:
-    """Every table's Markdown in ``ORDER``, its figure when there is one, and its maker."""
+    """Every table's Markdown in ``TABLES``, its figure when there is one, and its maker."""
     out = ["## Tables and figures", ""]
-    for name in ORDER:
+    for name in TABLES:
         out.append((paper_dir / "tables" / f"{name}.md").read_text().rstrip())
         out.append("")
         figure = paper_dir / "figures" / f"{name}.png"
@@ -317,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-partial", action="store_true")
     args = parser.parse_args(argv)
     grid = json.loads(args.grid.read_text())
-    tables = {name: _load(args.paper_dir, name) for name in ORDER}
+    tables = {name: _load(args.paper_dir, name) for name in TABLES}
     missing = _check_complete(tables, args.allow_partial)
     out = [
         *_header(grid, args.root),
