@@ -83,7 +83,7 @@ def test_slurm_profile_dry_run_lists_the_paper_grid_with_resources() -> None:
     # (once each paper cell inherited the CPU grid's train.epochs=4 and cache_repeats 3)
     for block in train:
         cell = re.search(r"cell=(\S+)", block)[1]
-        epochs = re.findall(r"train\.epochs=(\d+)", block)
+        epochs = re.findall(r"optim\.epochs=(\d+)", block)
         assert epochs and int(epochs[-1]) == (2 if cell.endswith(".e2") else 1), cell
     assert all("--repeats 1 " in b for b in caches)
     for cpu_value in ("results/data/assets/processor", "model/tiny.yaml", "optim.lr=1.0e-3"):
