@@ -123,3 +123,17 @@ def test_the_former_train_section_is_refused_naming_optim() -> None:
     data = {**load_config([QUICK]).to_dict(), "train": {"lr": 1.0}}
     with pytest.raises(ConfigError, match=renamed + ".*rename the key 'train' to 'optim'$"):
         TrainConfig.from_dict(data)
+
+
+def test_a_checkpoint_saved_before_the_rename_still_resumes(tmp_path: Path) -> None:
+    """A checkpoint's config from before ``train`` became ``optim`` is read as ``optim``:
+    the same settings resume, a different accumulation is refused by its new name."""
+    from experiments.train.run import check_resumable
+
+    cfg = load_config([QUICK])
+    saved = cfg.to_dict()
+    saved["train"] = saved.pop("optim")
+    check_resumable(saved, cfg, tmp_path)
+    saved["train"] = {**saved["train"], "grad_accum_steps": cfg.optim.grad_accum_steps + 1}
+    with pytest.raises(ConfigError, match="made with optim.grad_accum_steps="):
+        check_resumable(saved, cfg, tmp_path)
