@@ -100,4 +100,4 @@ $(LF_STAMP): pyproject.toml $(LF_PINS) | $(LF_PY)
 	touch $(LF_STAMP)
 
 check-llamafactory: $(LF_STAMP)
-	$(LF_PY) experiments/rehearsal/llamafactory.py
+	$(LF_PY) experiments/rehearsal/llamafactory_check.py

@@ -1,7 +1,7 @@
 """The LLaMA-Factory launcher's recipe checks, without llamafactory (not in this venv).
 
 The training itself runs in its own venv: ``make check-llamafactory``
-(``experiments/rehearsal/llamafactory.py``). Here: the module imports without llamafactory, a
+(``experiments/rehearsal/llamafactory_check.py``). Here: the module imports without llamafactory, a
 recipe is split into LLaMA-Factory's arguments and the ODBLoader options, and every
 setting that cannot hold with ODB batches is refused by name; the venv's pins are exact.
 """

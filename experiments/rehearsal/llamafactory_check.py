@@ -1,7 +1,7 @@
 """LLaMA-Factory's SFT stage with ODB at W=2 on CPU trains every sample exactly once.
 
     make check-llamafactory                                  # venv, then this check
-    .venv-llamafactory/bin/python experiments/rehearsal/llamafactory.py --out DIR
+    .venv-llamafactory/bin/python experiments/rehearsal/llamafactory_check.py --out DIR
 
 Hub-free: it builds a tiny Qwen3 and a byte-level BPE tokenizer (the artifact's
 ``experiments.data.assets.train_tokenizer``) in ``DIR/model``, an alpaca-format dataset
