@@ -201,19 +201,39 @@ def _job_ids(env: dict[str, str]) -> list[str]:
     return listed.stdout.split()
 
 
-def _kill_orphan_steps(spec: ClusterSpec) -> None:
-    """SIGKILL any slurmstepd left by this cluster's slurmd (they carry its SLURM_CONF)."""
-    tag = f"SLURM_CONF={spec.conf_path}".encode() + b"\0"
+def _kill_job_leftovers(spec: ClusterSpec) -> None:
+    """SIGKILL what this cluster's jobs left: its slurmstepd and every job process that
+    escaped its step (`setsid`, a daemon), found by the cluster's SLURM_CONF and a job id in
+    their environment. The calling process and its ancestors are never touched."""
+    tag = f"SLURM_CONF={spec.conf_path}".encode()
+    spared = _self_and_ancestors()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if proc.joinpath("comm").read_text().strip() != "slurmstepd":
+            if int(proc.name) in spared:
                 continue
-            if tag not in proc.joinpath("environ").read_bytes() + b"\0":
+            environ = proc.joinpath("environ").read_bytes().split(b"\0")
+            if tag not in environ:
+                continue
+            is_step = proc.joinpath("comm").read_text().strip() == "slurmstepd"
+            if not is_step and not any(var.startswith(b"SLURM_JOB_ID=") for var in environ):
                 continue
             os.kill(int(proc.name), signal.SIGKILL)
-            log(f"killed a leftover slurmstepd (pid {proc.name})")
+            what = "slurmstepd" if is_step else "job process"
+            log(f"killed a leftover {what} (pid {proc.name})")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
+
+
+def _self_and_ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return pids
 
 
 def down(state_dir: Path) -> None:
@@ -226,7 +246,7 @@ def down(state_dir: Path) -> None:
         _cancel_jobs(state)
     for name, pid in reversed(state.pids.items()):
         stop_pid(pid, name)
-    _kill_orphan_steps(state.spec)
+    _kill_job_leftovers(state.spec)
     if state.hosts_added:
         edit_hosts(lambda text: hosts_without_nodes(text, hosts_marker(state.spec.state_dir)))
         log(f"removed this cluster's line from {HOSTS_FILE}")

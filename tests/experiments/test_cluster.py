@@ -59,6 +59,7 @@ dist.destroy_process_group()
 JOB = """\
 #!/bin/bash
 set -euo pipefail
+setsid sleep 600 </dev/null >/dev/null 2>&1 &  # escapes its step: `down` must find it
 keep=" SLURM_JOB_ID SLURM_JOBID SLURM_CLUSTER_NAME SLURM_SUBMIT_DIR SLURM_SUBMIT_HOST "
 for var in $(compgen -e | grep '^SLURM_'); do
   [[ $keep == *" $var "* ]] || unset "$var"
@@ -256,8 +257,25 @@ def _cluster_run(state_dir: Path, *command: str) -> list[str]:
     ]
 
 
+def _job_processes(state_dir: Path) -> list[str]:
+    """Live processes whose environment names this cluster (a job's, or a daemon's)."""
+    tag = f"SLURM_CONF={state_dir}/".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = proc.joinpath("environ").read_bytes().split(b"\0")
+            zombie = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            cmdline = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if not zombie and any(var.startswith(tag) for var in environ):
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
 def _assert_gone(state_dir: Path, hosts_before: str) -> None:
     assert _cluster_processes(state_dir) == []
+    assert _job_processes(state_dir) == []
     hosts = Path("/etc/hosts").read_text()
     assert hosts_marker(state_dir) not in hosts
     assert set(hosts_before.splitlines()) <= set(hosts.splitlines())
