@@ -123,8 +123,14 @@ def preflight(cfg: TrainConfig) -> None:
 
 
 def init_distributed(cfg: TrainConfig) -> Dist:
-    """Join torchrun's process group, or make a one-process group for a plain launch."""
-    if "RANK" not in os.environ:
+    """Join torchrun's process group, or make a one-process group for a plain launch.
+
+    A caller that already joined a default group (a launcher of its own, a notebook, the
+    test harness's warm ranks) trains in that group, which stays the caller's to end;
+    LOCAL_RANK and LOCAL_WORLD_SIZE come from the environment (one node when unset).
+    """
+    joined = dist.is_initialized()
+    if not joined and "RANK" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -134,11 +140,12 @@ def init_distributed(cfg: TrainConfig) -> Dist:
     backend = cfg.strategy.backend
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if joined else 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.strategy.timeout_s))
+    if not joined:
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.strategy.timeout_s))
     world = dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return Dist(dist.get_rank(), world, local_rank, max(1, world // per_node), device)
@@ -310,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     resume_from, note = resolve_resume(args.resume, out_dir, cfg)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     clock.mark("config")
+    own_group = not dist.is_initialized()
     d = init_distributed(cfg)
     clock.mark("process group")
     _setup_logging(d.rank)
@@ -322,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     try:
         return _train(cfg, d, out_dir, resume_from, started, clock)
     finally:
-        dist.destroy_process_group()
+        if own_group:
+            dist.destroy_process_group()
 
 
 def _clear_previous_run(out_dir: Path) -> None:

@@ -4,9 +4,14 @@ Two sizes. The default-size proxies (``CV_SAMPLES`` records each, as the workflo
 them) and the processor trained on them serve what needs the whole distribution: the
 CV targets (slow) and the training runs. Every other test reads a few hundred records
 at most and gets ``SMALL_SAMPLES``-record proxies of the same generator, with their own
-processor: the quick tier builds only those.
+processor: the quick tier builds only those. Under pytest-xdist the workers share each
+of them: the first to need one builds it, the others wait for it (:func:`_built_once`).
 """
 
+import fcntl
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,27 @@ from experiments.data.proxies import PROXY_NAMES, ProxyConfig, default_max_pixel
 
 CV_SAMPLES = 2000  # the acceptance criterion asks for CV targets on >= 2,000 samples
 SMALL_SAMPLES = 300  # > the 200 records test_pipeline's variants read
+
+
+def _built_once(factory: pytest.TempPathFactory, name: str,
+                build: Callable[[Path], object]) -> Path:
+    """``build(folder)`` once per test run: without xdist into a fresh temp folder; under
+    xdist into the run's folder that every worker shares, under a lock (the first worker
+    builds it, the others wait and read it)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = factory.getbasetemp().parent  # this run's, one level above each worker's
+    folder, built = shared / name, shared / f"{name}.built"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that died half-way
+            folder.mkdir()
+            build(folder)
+            built.touch()
+    return folder
 
 
 def _proxies(root: Path, num_samples: int) -> Path:
@@ -46,13 +72,13 @@ def proxy_source(root: Path, name: str) -> str:
 @pytest.fixture(scope="session")
 def proxy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The four proxies at their default size (``CV_SAMPLES`` records)."""
-    return _proxies(tmp_path_factory.mktemp("proxies"), CV_SAMPLES)
+    return _built_once(tmp_path_factory, "proxies", lambda root: _proxies(root, CV_SAMPLES))
 
 
 @pytest.fixture(scope="session")
 def processor_dir(proxy_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The local tokenizer and image processor, trained on the default-size proxies."""
-    return _processor(proxy_root, tmp_path_factory.mktemp("assets") / "processor")
+    return _built_once(tmp_path_factory, "processor", lambda out: _processor(proxy_root, out))
 
 
 @pytest.fixture(scope="session")
@@ -64,13 +90,15 @@ def cv_datasets_by_name(proxy_root: Path, processor_dir: Path) -> dict[str, Prep
 @pytest.fixture(scope="session")
 def small_proxy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The four proxies with ``SMALL_SAMPLES`` records each."""
-    return _proxies(tmp_path_factory.mktemp("small_proxies"), SMALL_SAMPLES)
+    return _built_once(tmp_path_factory, "small_proxies",
+                       lambda root: _proxies(root, SMALL_SAMPLES))
 
 
 @pytest.fixture(scope="session")
 def small_processor_dir(small_proxy_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The local tokenizer and image processor, trained on the small proxies."""
-    return _processor(small_proxy_root, tmp_path_factory.mktemp("small_assets") / "processor")
+    return _built_once(tmp_path_factory, "small_processor",
+                       lambda out: _processor(small_proxy_root, out))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Fixtures of the train tests: a tiny saved model and a base config layer over the
 session's proxies (tests/experiments/conftest.py), small enough for seconds-long runs;
-``train`` (one run through the real entry point) and ``whole_run`` (Standard's and
-ODB's uninterrupted runs, made once per session and shared by the tests that read them)."""
+``train`` (one run of the real entry point, on warm ranks or under torchrun) and
+``whole_run`` (Standard's and ODB's uninterrupted runs, made once per session and shared
+by the tests that read them)."""
 
 import json
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import yaml
 from experiments.data.assets import build_tiny_model
 from experiments.data.pipeline import PreprocessedDataset
 from experiments.train.result import validate_result
-from harness.ranks import run_torchrun
+from harness.ranks import run_ranks, run_torchrun
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "experiments" / "configs"
@@ -30,22 +31,49 @@ WHOLE_TRAIN_SAMPLES = 16
 
 
 def train(base: Path, out: Path, *layers: str, overrides: tuple[str, ...] = (),
-          world: int = 2, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
-    """One run of ``python -m experiments.train`` at ``world`` ranks (torchrun) over
-    ``base``, ``layers`` (relative to experiments/configs) and ``overrides``, into
-    ``out``; its result, checked against the result schema. A failed run fails the test
-    with its stderr."""
+          world: int = 2, timeout: float = 240, env: dict[str, str] | None = None,
+          torchrun: bool = False) -> dict:
+    """One run of the train entry point at ``world`` ranks over ``base``, ``layers``
+    (relative to experiments/configs) and ``overrides``, into ``out``; its result, checked
+    against the result schema. A failed run fails the test with its error.
+
+    The run is ``experiments.train.run.main`` on the session's warm ranks
+    (``run_ranks``), in the process group they joined: the entry point's code from its
+    arguments on, without a launch and ~5 s of imports a rank. ``torchrun=True`` runs
+    ``python -m experiments.train`` under the real launcher instead and keeps its stderr
+    in ``out/stderr.log`` (what the launch itself is tested by)."""
     args = ["--config", str(base)]
     for layer in layers:
         args += ["--config", str(CONFIGS / layer)]
     args += [f"run.out_dir={out}", *overrides]
-    code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout,
-                                env=ENV | (env or {}), module=True)
-    (out / "stderr.log").write_text(err)
-    assert code == 0, err[-5000:]
+    if torchrun:
+        code, _, err = run_torchrun("experiments.train", world, args, timeout=timeout,
+                                    env=ENV | (env or {}), module=True)
+        (out / "stderr.log").write_text(err)
+        assert code == 0, err[-5000:]
+    else:
+        run_ranks(_train_rank, world, args, timeout=timeout, env=ENV | (env or {}))
     result = json.loads((out / "result.json").read_text())
     validate_result(result)
     return result
+
+
+def _train_rank(rank: int, world: int, args: list[str]) -> None:
+    """One warm rank of :func:`train` (torchrun's per-rank variables, one thread)."""
+    import os
+
+    import torch
+    import tqdm
+
+    from experiments.train.run import main
+
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)  # OMP_NUM_THREADS=1, as under torchrun
+    # no tqdm monitor thread (the datasets' bars start one for the process's life): a rank
+    # with a thread left running is not clean, so the pool would not reuse it
+    tqdm.tqdm.monitor_interval = 0
+    main(args)
+    assert torch.distributed.is_initialized(), "the run ended its caller's process group"
 
 
 @pytest.fixture(scope="session")

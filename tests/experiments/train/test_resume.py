@@ -5,7 +5,6 @@ seen exactly once, with the step count of an uninterrupted run."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -52,7 +51,10 @@ def _kill_after_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 1
             assert proc.poll() is None, f"run ended before its checkpoint: {proc.stderr.read()}"
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)
+        # the launcher and its workers at once: torchrun starts each worker in a session of
+        # its own, so killing the launcher's group alone leaves them training (and writing
+        # their sample logs) beside the resumed run
+        kill_tree([proc.pid], groups=[proc.pid])
         proc.wait(timeout=30)
     finally:
         kill_tree([proc.pid], groups=[proc.pid])

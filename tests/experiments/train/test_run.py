@@ -81,7 +81,7 @@ def test_lora_and_deepspeed(method: str, mode: str, strategy: str, base_config: 
                             tmp_path: Path) -> None:
     extensions = tmp_path / "torch_extensions"
     result = train(base_config, tmp_path, f"method/{method}.yaml", f"mode/{mode}.yaml",
-                   f"strategy/{strategy}.yaml", timeout=300,
+                   f"strategy/{strategy}.yaml", timeout=300, torchrun=True,
                    env={"TORCH_EXTENSIONS_DIR": str(extensions)})
     # DeepSpeed on CPU trains without JIT-compiling any op (its shm all-reduce is skipped)
     assert not extensions.exists() or not any(extensions.iterdir())
