@@ -2,9 +2,9 @@
 
 The second worker runs the modules that start the local Slurm cluster
 (:data:`SLURM_MODULES`), one after the other, so one cluster is up at a time, the train
-entry point's, the example loops' resume, the real-pipeline benchmark's and the
-workflow's runs (:data:`RUN_MODULES`: whole ``torchrun``, benchmark and Snakemake runs,
-no timeout that must fire inside them), then the protocol core's
+entry point's, the example loops' resume, the examples', TRL's, the real-pipeline
+benchmark's and the workflow's runs (:data:`RUN_MODULES`: whole ``torchrun``, benchmark
+and Snakemake runs, no timeout that must fire inside them), then the protocol core's
 single-process tests (:data:`CORE`: properties and state machines, no clock in them);
 the first runs every other test, in collection order. The Slurm tests spend most of
 their time waiting (Slurm's and Snakemake's job starts, the Slurm executor's polling)
@@ -15,7 +15,9 @@ the first. Measured shares (one clean-clone run of 19f3813, junit times): first 
 second 373 s with the Slurm modules and the core only; the run modules add 292 s to the
 second. With those, one clean-clone run of 5d3518c (load from other work): first 1082 s,
 second 851 s; the example loops' resume and the real-pipeline benchmark (about 100 s
-together) moved to the second after it.
+together) moved to the second after it. Once the train tests ran on warm ranks (issue 47),
+a clean clone of dd9463b: first 915 s (a hung test's 180 s apart), second 718 s; the TRL
+tests and the examples' runs (about 95 s, whole `torchrun` runs) moved to the second.
 
 A module with a ``slurm`` test belongs to :data:`SLURM_MODULES`; collection fails, naming
 the module, when it is missing, so a new Slurm test cannot run beside the others (two
@@ -43,6 +45,8 @@ RUN_MODULES = frozenset({
     "tests/test_workflow.py",
     "tests/odb/integrations/test_loop_resume.py",
     "tests/bench/test_real_pipeline.py",
+    "tests/odb/integrations/test_trl.py",
+    "tests/odb/integrations/test_examples.py",
 })  # fmt: skip
 CORE = "tests/odb/core/"
 
