@@ -24,6 +24,12 @@ def _record(loader: odb.ODBLoader, epoch: int) -> list[list[int]]:
     return [list(odb.pop_step_info(batch).sample_ids) for batch in loader]
 
 
+# init_timeout_s below the launchers' limits (run_ranks 180 s): a collate side that never
+# joins its epoch's group fails with its processes described, not as a hung rank (seen
+# once, process mode, clean clone of dd9463b: every rank waited out 180 s in next_batch)
+INIT_TIMEOUT_S = 60.0
+
+
 def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
     """Interleave steps of a train and an eval loader; then run each alone for a second epoch."""
     train = odb.ODBLoader(
@@ -33,6 +39,7 @@ def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
         buffer_budgets=2,
         queue_depth=2,
         align_timeout_s=60.0,
+        init_timeout_s=INIT_TIMEOUT_S,
     )
     evals = odb.ODBLoader(
         LengthDataset(EVAL_LENGTHS),
@@ -41,6 +48,7 @@ def two_loaders(rank: int, world_size: int, mode: str) -> dict[str, list]:
         policy="paper",
         queue_depth=3,
         align_timeout_s=60.0,
+        init_timeout_s=INIT_TIMEOUT_S,
     )
     out: dict[str, list] = {"train": [[]], "eval": [[]]}
     train_it, eval_it = iter(train), iter(evals)
