@@ -8,14 +8,18 @@ over epochs. The hand-off's writer and reader alone: ``tests/odb/_process/test_h
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -85,11 +89,56 @@ class BigSamples:
 
 
 class SlowCollate:
-    """PadCollate after 50 ms, so the workers' result pipe fills up."""
+    """PadCollate after 50 ms, so the workers' result pipe fills up. With ``stack_file``,
+    the process it runs in (the collate process) writes its threads' stacks there on
+    SIGUSR2 (:class:`_Watchdog`)."""
+
+    def __init__(self, stack_file: str | None = None) -> None:
+        self.stack_file = stack_file
+        self._dump: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"stack_file": self.stack_file, "_dump": None}
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.stack_file is not None and self._dump is None:
+            self._dump = open(self.stack_file, "w")  # noqa: SIM115 (open for the process's life)
+            faulthandler.register(signal.SIGUSR2, file=self._dump, all_threads=True)
         time.sleep(0.05)
         return PadCollate()(samples)
+
+
+class _Watchdog:
+    """Past ``after_s`` in its block, SIGUSR2 to the collate process (its stacks: see
+    :class:`SlowCollate`), its tasks' kernel waits read, then SIGKILL, so a test that would
+    wait forever fails with what the process was doing (``fired``, ``report``)."""
+
+    def __init__(self, pid: int, stack_file: Path, after_s: float) -> None:
+        self.pid, self.stack_file, self.fired, self.report = pid, stack_file, False, ""
+        self._timer = threading.Timer(after_s, self._fire)
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        self.fired = True
+        waits = []
+        for task in os.listdir(f"/proc/{self.pid}/task"):
+            with contextlib.suppress(OSError):
+                waits.append(f"task {task}: wchan {_wchan(self.pid, task)!r}, syscall "
+                             + Path(f"/proc/{self.pid}/task/{task}/syscall").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGUSR2)
+        time.sleep(2.0)
+        self.report = "\n".join(waits) + "\n" + self.stack_file.read_text()
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(self.pid)
+            for proc in [*process.children(recursive=True), process]:  # its workers too
+                proc.kill()
 
 
 def _writing_worker(collate_pid: int, timeout_s: float = 20.0) -> psutil.Process | None:
@@ -253,15 +302,16 @@ def test_a_clean_collate_process_exits_with_code_zero() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_worker_killed_mid_write_is_named() -> None:
+def test_a_worker_killed_mid_write_is_named(tmp_path: Path) -> None:
     # Big inline samples leave a killed writer's message half-written in the result pipe.
+    stacks = tmp_path / "collate_stacks.txt"
     loader = odb.ODBLoader(
         BigSamples(),
         token_budget=8,
         num_workers=2,
         prefetch_factor=8,
         buffer_budgets=1,
-        collate_fn=SlowCollate(),
+        collate_fn=SlowCollate(str(stacks)),
     )
     before = {child.pid for child in multiprocessing.active_children()}
     batches = iter(loader)
@@ -272,9 +322,15 @@ def test_a_worker_killed_mid_write_is_named() -> None:
         pytest.skip("this kernel hides /proc/<pid>/wchan: a blocked writer cannot be found")
     assert victim is not None, "no worker blocked in a pipe write"
     victim.kill()
-    with pytest.raises(RuntimeError, match="DataLoader worker"):
-        for _ in batches:
-            pass
+    # Seen once (stops 53 and 55): no error at all, the trainer waiting on its collate
+    # process for good. A recurrence fails in a minute with the collate process's stacks.
+    with _Watchdog(collate.pid, stacks, after_s=60.0) as watchdog:
+        with pytest.raises(RuntimeError) as raised:
+            for _ in batches:
+                pass
+    assert not watchdog.fired, (
+        f"no error 60 s after the kill; the collate process:\n{watchdog.report}")
+    assert "DataLoader worker" in str(raised.value)
 
 
 def test_describe_descendants_names_each_process_and_its_wait() -> None:
