@@ -32,6 +32,7 @@ from odb._process.diagnostics import remove_shm_of
 from odb._process.handoff import PoolWriter
 from odb._process.messages import CollateSpec, EpochJob, EpochResult
 from odb._process.rendezvous import Rendezvous
+from odb._process.worker_alarm import WorkerAlarm
 from odb.core.buffer import sample_nbytes
 
 # How often the collate side re-checks a full queue for a trainer that stopped listening
@@ -113,7 +114,7 @@ def _unless_stopped(stop: Any, read_ahead: Callable[[], bool]) -> Callable[[], b
 
 
 def _beating(
-    samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob, stop: Any
+    samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob, stop: Any, alarm: WorkerAlarm
 ) -> Iterator[Any]:
     """The samples, beating on each; names a worker that died mid-transfer.
 
@@ -125,6 +126,8 @@ def _beating(
     ``EOFError``/``ConnectionError`` (the pipe or the shared-memory handshake breaks
     before the worker is seen dead). Errors of the user's dataset reach this point
     wrapped by the DataLoader ("Caught ... in DataLoader worker"), so they pass as is.
+    A worker that dies while the read waits on its half-written message raises through
+    ``alarm`` (:mod:`odb._process.worker_alarm`).
 
     However it ends (exhausted, stopped, failed or closed), the DataLoader's workers are
     shut down here, in this thread: left to the garbage collector, the iterator may be
@@ -135,7 +138,8 @@ def _beating(
         while True:
             _check_stop(stop)
             try:
-                item = next(samples)
+                with alarm.reading():
+                    item = next(samples)
             except StopIteration:
                 return
             except (EOFError, ConnectionError) as exc:
@@ -150,6 +154,7 @@ def _beating(
             _check_stop(stop)
             yield item
     finally:
+        alarm.close()  # before the shutdown, which may stop a worker by a signal
         shutdown = getattr(samples, "_shutdown_workers", None)  # torch's own __del__ step
         if shutdown is not None:
             shutdown()
@@ -179,12 +184,15 @@ def collate_main(
     group: AlignmentGroup | None = None
     workers: list[Any] = []
     samples: Iterator[Any] | None = None
+    alarm = WorkerAlarm([])
     try:
         # Workers start (fork) before the group exists, so they hold no copy of its
         # sockets: a dead collate process then closes its connections at once.
         known = set(multiprocessing.active_children())
-        samples = _beating(_open(spec, job), heartbeat, job, stop)
+        opened = _open(spec, job)
         workers = [p for p in multiprocessing.active_children() if p not in known]
+        alarm = WorkerAlarm([p.pid for p in workers])
+        samples = _beating(opened, heartbeat, job, stop, alarm)
         group = _BeatingGroup(rendezvous, prefix, heartbeat, stop)
         heartbeat.beat()
         result = _run(spec, job, samples, group, heartbeat, _Outbox(out, stop, encoder))
@@ -209,6 +217,7 @@ def collate_main(
             remove_shm_of(pid)
         return False
     finally:
+        alarm.close()
         if samples is not None:
             samples.close()  # shuts the DataLoader workers down (_beating)
         if group is not None:
