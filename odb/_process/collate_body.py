@@ -188,9 +188,7 @@ def collate_main(
     try:
         # Workers start (fork) before the group exists, so they hold no copy of its
         # sockets: a dead collate process then closes its connections at once.
-        known = set(multiprocessing.active_children())
-        opened = _open(spec, job)
-        workers = [p for p in multiprocessing.active_children() if p not in known]
+        opened, workers = _open(spec, job)
         alarm = WorkerAlarm([p.pid for p in workers])
         samples = _beating(opened, heartbeat, job, stop, alarm)
         group = _BeatingGroup(rendezvous, prefix, heartbeat, stop)
@@ -239,9 +237,10 @@ def _report(exc: BaseException, group: AlignmentGroup | None, outbox: _Outbox) -
     _put(outbox.out, ("error", packed), outbox.stop, outbox.encoder)
 
 
-def _open(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
-    """This rank's samples of the epoch (starts the DataLoader workers)."""
-    return open_samples(
+def _open(spec: CollateSpec, job: EpochJob) -> tuple[Iterator[tuple[int, Any]], list[Any]]:
+    """This rank's samples of the epoch, and the DataLoader workers started for them."""
+    known = set(multiprocessing.active_children())
+    samples = open_samples(
         spec.dataset,
         job.config,
         job.rank,
@@ -251,6 +250,7 @@ def _open(spec: CollateSpec, job: EpochJob) -> Iterator[tuple[int, Any]]:
         job.shard,
         spec.worker_init_fn,
     )
+    return samples, [p for p in multiprocessing.active_children() if p not in known]
 
 
 class _HeldBatches:
