@@ -132,15 +132,18 @@ def rank_main(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
 ) -> None:
-    """One call in a process of its own; exit code 1 and an error result if it raised."""
+    """One call in a process of its own; exit code 1 and an error result if it raised.
+
+    ``env`` is the rank's whole environment (the launcher's variables are set on top):
+    a rank forked from a fork server would otherwise have the server's.
+    """
     # Own process group: descendants a rank leaves behind stay killable via killpg even
     # after the rank itself has exited and been reaped.
     os.setpgrp()
     default_start_method()
     # Armed first, so that a hang anywhere below (even in a C++ collective) can be dumped.
     stack_file = arm_stack_dump(workdir, rank)  # noqa: F841 - must stay open
-    os.environ.update(env)
-    os.environ.update(rank_environ(rank, world_size, port))
+    _set_environ({**env, **rank_environ(rank, world_size, port)})
     result_path = Path(workdir, f"rank{rank}.result")
     try:
         join_group(rank, world_size, port, backend, pg_timeout_s)

@@ -5,8 +5,10 @@ peers get a short grace, then are killed as hung). Fault tests need the opposite
 rank may be killed on purpose, and every *other* rank must then end by itself, with a
 clear error, within the configured timeout. :func:`run_fault_ranks` therefore
 
-- starts the ranks exactly as ``run_ranks`` does (same rank entry, own process group
-  per rank, faulthandler on SIGUSR1, Gloo default group);
+- starts the ranks as ``run_ranks`` does (same rank entry, own process group per rank,
+  faulthandler on SIGUSR1, Gloo default group), but forked from a fork server that
+  imported torch and the rank code once (:func:`rank_server`), not spawned: a spawned
+  rank spends about 2 s of CPU on the interpreter and its imports before it runs;
 - waits for *every* rank to exit, up to a hard ``timeout``; ranks still running then
   are reported as hung with their Python stacks, and killed;
 - after the ranks have exited, waits up to ``orphan_wait_s`` for every process of their
@@ -20,15 +22,17 @@ that a rank that failed as expected still reports a result.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,31 @@ from harness.rank_process import group_members, rank_main
 from harness.ranks import _read_stack, _wait_for_stacks, host_store, kill_tree
 
 _GLOO_TIMEOUT_MARGIN_S = 60.0
+# What the fork server imports once for every rank it forks.
+_SERVER_IMPORTS = ["torch", "torch.distributed", "psutil", "odb", "tests.odb.fault_ranks"]
+_served = False  # inside rank_server()
+
+
+@contextlib.contextmanager
+def rank_server() -> Iterator[None]:
+    """The fork server the ranks of :func:`run_fault_ranks` start from, inside the block.
+
+    multiprocessing's own fork server (one per program), started at the first call with
+    torch and the rank code imported, and stopped on the way out: it is a child of this
+    process, which other tests' listings of their children would see. A forked rank
+    is still a process of its own; it gets this process's working directory and
+    ``sys.path`` as a spawned one does (multiprocessing's preparation) and its whole
+    environment from :func:`run_fault_ranks` (the server's is the one it started with).
+    """
+    global _served
+    mp.set_forkserver_preload(_SERVER_IMPORTS)
+    _served = True
+    try:
+        yield
+    finally:
+        _served = False
+        multiprocessing.forkserver._forkserver._stop()  # no public stop in 3.11
+        mp.set_forkserver_preload([])
 
 
 @dataclass
@@ -93,12 +122,14 @@ def run_fault_ranks(
     orphan_wait_s: float = 10.0,
     env: Mapping[str, str] | None = None,
 ) -> FaultRun:
-    """Run ``fn(rank, world_size, *args)`` on spawned ranks; never raises for a rank.
+    """Run ``fn(rank, world_size, *args)`` on ranks of their own; never raises for a rank.
+
+    Inside :func:`rank_server` the ranks are forked from its server, else spawned.
 
     Returns:
         A :class:`FaultRun`. Every process the ranks started is dead when it returns.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver" if _served else "spawn")
     workdir = tempfile.mkdtemp(prefix="fault_ranks-")
     store = host_store(timeout + _GLOO_TIMEOUT_MARGIN_S)  # held until the ranks are gone
     port = store.port
@@ -114,7 +145,7 @@ def run_fault_ranks(
                     port,
                     "gloo",
                     timeout + _GLOO_TIMEOUT_MARGIN_S,
-                    dict(env or {}),
+                    {**os.environ, **(env or {})},
                     workdir,
                     fn,
                     args,

@@ -261,13 +261,15 @@ def fds_settle(baseline: int, timeout_s: float = 10.0) -> int:
 
 
 def collate_process() -> psutil.Process:
-    """This rank's collate process: the child that is not the resource tracker.
+    """This rank's collate process: the Python child that is not the resource tracker.
 
-    Ranks are spawned, so a forked collate process carries ``spawn_main`` in its
-    command line as a spawned one does."""
+    A collate process carries its rank's command line (forked) or multiprocessing's
+    own (spawned): ``multiprocessing.forkserver`` or ``spawn_main`` either way, which
+    torch's ``torch_shm_manager`` does not."""
     for proc in psutil.Process().children():
         try:
-            if "spawn_main" in " ".join(proc.cmdline()) and not _is_tracker(proc):
+            command = " ".join(proc.cmdline())
+            if ("spawn_main" in command or "forkserver" in command) and not _is_tracker(proc):
                 return proc
         except psutil.NoSuchProcess:
             continue

@@ -25,6 +25,7 @@ import contextlib
 import pickle
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import pytest
 import torch.distributed as dist
 
 import odb
-from tests.odb.fault_harness import FaultRun, run_fault_ranks
+from tests.odb.fault_harness import FaultRun, rank_server, run_fault_ranks
 from tests.odb.fault_ranks import (
     FaultDataset,
     FaultPlan,
@@ -53,6 +54,13 @@ pytestmark = pytest.mark.dist
 PEER = ("AlignmentTimeoutError",)
 SLACK_S = 10.0  # the issue's bound: configured timeout + 10 s
 RUN_LIMIT_S = 90.0  # hard limit of one run (a hang fails the test, never the suite)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ranks_from_one_server() -> Iterator[None]:
+    """The module's ranks fork from one server that imported torch once (rank_server)."""
+    with rank_server():
+        yield
 
 
 def _run(plan: FaultPlan, world_size: int, tmp_path: Path) -> tuple[FaultRun, FaultPlan]:
