@@ -42,6 +42,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -545,6 +546,18 @@ def torchrun_command(
     ]  # fmt: skip
 
 
+def without_progress_bars(text: str) -> str:
+    """``text`` without tqdm's progress-bar lines (``\\r``- or newline-separated): what a
+    failure message should show of a run's stderr, whose tail is otherwise all bars."""
+    lines = text.replace("\r", "\n").split("\n")
+    return "\n".join(
+        line for line in lines if line.strip() and not _PROGRESS_BAR.search(line)
+    )
+
+
+_PROGRESS_BAR = re.compile(r"\d+%\|.*\||\[\d\d:\d\d<")
+
+
 def run_torchrun(
     script_path: str | os.PathLike[str],
     world_size: int,
@@ -571,7 +584,8 @@ def run_torchrun(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        # A rank killed by a fatal signal (an abort at exit) prints every thread's stack.
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})},
         start_new_session=True,  # the launcher and its workers share one killable group
     )
     try:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.ranks import RankPool, run_ranks, run_torchrun, use_pool
+from harness.ranks import RankPool, run_ranks, run_torchrun, use_pool, without_progress_bars
 
 pytestmark = pytest.mark.dist
 FRESH = pytest.mark.parametrize("fresh", [False, True], ids=["pooled", "fresh"])
@@ -270,6 +270,26 @@ dist.all_reduce(t)
 print(f"rank {dist.get_rank()} sum {t.item()}")
 dist.destroy_process_group()
 """
+
+
+_TORCHRUN_ABORT = "import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n"
+
+
+def test_torchrun_rank_killed_by_a_fatal_signal_prints_its_stack(tmp_path):
+    """PYTHONFAULTHANDLER: an abort (say, at exit) shows where each thread was."""
+    script = tmp_path / "abort.py"
+    script.write_text(_TORCHRUN_ABORT)
+    code, _, err = run_torchrun(script, 1, timeout=120)
+    assert code != 0
+    assert "Fatal Python error: Aborted" in err and "abort.py" in err, err[-3000:]
+
+
+def test_without_progress_bars_keeps_the_other_lines():
+    err = (
+        "start\n  0%|          | 0/6 [00:00<?, ?it/s]\r 50%|#####     | 3/6 [00:01<00:01, "
+        "2.1it/s]\nterminate called without an active exception\n\n"
+    )
+    assert without_progress_bars(err) == "start\nterminate called without an active exception"
 
 
 def test_torchrun_runs_script(tmp_path):

@@ -34,7 +34,7 @@ import torch
 from transformers import ProgressCallback, TrainerCallback, TrainingArguments
 
 import odb
-from harness.ranks import run_torchrun
+from harness.ranks import run_torchrun, without_progress_bars
 from odb.integrations.deepspeed import skip_cpu_shm_comm_build
 from odb.integrations.hf_trainer import ODBTrainer
 from tests.odb.integrations.tiny import (
@@ -190,7 +190,7 @@ def run(out: Path, mode: str, strategy: str, *args: str) -> list[dict]:
     code, stdout, err = run_torchrun(
         SCRIPT, 2, [mode, strategy, str(out), *args], timeout=240, env=ENV
     )
-    assert code == 0, stdout[-2000:] + err[-4000:]
+    assert code == 0, f"exit code {code}\n{stdout[-2000:]}\n{without_progress_bars(err)[-6000:]}"
     tag = "resume" if "--resume" in args else "first"
     return [json.loads((out / f"{tag}_rank{r}.json").read_text()) for r in (0, 1)]
 
