@@ -2,7 +2,7 @@
 
 The second worker runs the modules that start the local Slurm cluster
 (:data:`SLURM_MODULES`), one after the other, so one cluster is up at a time, the train
-entry point's, the example loops' resume, the examples', TRL's, the real-pipeline
+entry point's, the example loops' resume, the examples', TRL's, the trainer settings', the real-pipeline
 benchmark's and the workflow's runs (:data:`RUN_MODULES`: whole ``torchrun``, benchmark
 and Snakemake runs, no timeout that must fire inside them), then the protocol core's
 single-process tests (:data:`CORE`: properties and state machines, no clock in them);
@@ -17,7 +17,9 @@ second. With those, one clean-clone run of 5d3518c (load from other work): first
 second 851 s; the example loops' resume and the real-pipeline benchmark (about 100 s
 together) moved to the second after it. Once the train tests ran on warm ranks (issue 47),
 a clean clone of dd9463b: first 915 s (a hung test's 180 s apart), second 718 s; the TRL
-tests and the examples' runs (about 95 s, whole `torchrun` runs) moved to the second.
+tests and the examples' runs (about 95 s, whole `torchrun` runs) moved to the second. With
+the fault ranks forked from a fork server, a run of f83dd02 (a per-test CPU plugin): the
+first ended at 855 s, the second at 788 s; the trainer-settings runs (29 s) moved.
 
 A module with a ``slurm`` test belongs to :data:`SLURM_MODULES`; collection fails, naming
 the module, when it is missing, so a new Slurm test cannot run beside the others (two
@@ -47,6 +49,7 @@ RUN_MODULES = frozenset({
     "tests/bench/test_real_pipeline.py",
     "tests/odb/integrations/test_trl.py",
     "tests/odb/integrations/test_examples.py",
+    "tests/odb/test_trainer_settings.py",
 })  # fmt: skip
 CORE = "tests/odb/core/"
 
