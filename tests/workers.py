@@ -2,24 +2,25 @@
 
 The second worker runs the modules that start the local Slurm cluster
 (:data:`SLURM_MODULES`), one after the other, so one cluster is up at a time, the train
-entry point's, the example loops' resume, the examples', TRL's, the trainer settings', the real-pipeline
-benchmark's and the workflow's runs (:data:`RUN_MODULES`: whole ``torchrun``, benchmark
-and Snakemake runs, no timeout that must fire inside them), then the protocol core's
-single-process tests (:data:`CORE`: properties and state machines, no clock in them);
-the first runs every other test, in collection order. The Slurm tests spend most of
-their time waiting (Slurm's and Snakemake's job starts, the Slurm executor's polling)
-and the rest leaves about one core idle on average (rank processes wait on each other,
-on start-up and on timeouts that must fire), so the second worker's tests fit beside the
-rest. The fault and lifecycle tests, whose timeouts fire on purpose, stay together on
-the first. Measured shares (one clean-clone run of 19f3813, junit times): first 1076 s,
-second 373 s with the Slurm modules and the core only; the run modules add 292 s to the
-second. With those, one clean-clone run of 5d3518c (load from other work): first 1082 s,
-second 851 s; the example loops' resume and the real-pipeline benchmark (about 100 s
-together) moved to the second after it. Once the train tests ran on warm ranks (issue 47),
-a clean clone of dd9463b: first 915 s (a hung test's 180 s apart), second 718 s; the TRL
-tests and the examples' runs (about 95 s, whole `torchrun` runs) moved to the second. With
-the fault ranks forked from a fork server, a run of f83dd02 (a per-test CPU plugin): the
-first ended at 855 s, the second at 788 s; the trainer-settings runs (29 s) moved.
+entry point's, the example loops' resume, the examples', TRL's, the trainer settings',
+the real-pipeline benchmark's and the workflow's runs (:data:`RUN_MODULES`: whole
+``torchrun``, benchmark and Snakemake runs, no timeout that must fire inside them), then
+the protocol core's single-process tests (:data:`CORE`: properties and state machines,
+no clock in them); the first runs every other test, in collection order. The Slurm tests
+spend most of their time waiting (Slurm's and Snakemake's job starts, the Slurm
+executor's polling) and the rest leaves about one core idle on average (rank processes
+wait on each other, on start-up and on timeouts that must fire), so the second worker's
+tests fit beside the rest. The fault and lifecycle tests, whose timeouts fire on
+purpose, stay together on the first. Measured shares (one clean-clone run of 19f3813,
+junit times): first 1076 s, second 373 s with the Slurm modules and the core only; the
+run modules add 292 s to the second. With those, one clean-clone run of 5d3518c (load
+from other work): first 1082 s, second 851 s; the example loops' resume and the
+real-pipeline benchmark (about 100 s together) moved to the second after it. Once the
+train tests ran on warm ranks (issue 47), a clean clone of dd9463b: first 915 s (a hung
+test's 180 s apart), second 718 s; the TRL tests and the examples' runs (about 95 s,
+whole `torchrun` runs) moved to the second. With the fault ranks forked from a fork
+server, a run of f83dd02 (a per-test CPU plugin): the first ended at 855 s, the second
+at 788 s; the trainer-settings runs (29 s) moved.
 
 A module with a ``slurm`` test belongs to :data:`SLURM_MODULES`; collection fails, naming
 the module, when it is missing, so a new Slurm test cannot run beside the others (two
