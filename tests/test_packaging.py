@@ -132,7 +132,7 @@ def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     # Built from a copy of what the wheel reads, so the checkout gets no build/ or egg-info.
     src = tmp_path / "src"
     shutil.copytree(ROOT / "odb", src / "odb", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     subprocess.run(
         [
@@ -159,9 +159,12 @@ def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
             for line in zf.read(meta).decode().splitlines()
             if line.startswith("Requires-Dist:")
         ]
+        metadata = zf.read(meta).decode().splitlines()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"odb"}, sorted(tops)
     assert "odb/integrations/hf_trainer.py" in names
+    assert "License-Expression: Apache-2.0" in metadata
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     specs = [s.operator for r in requires for s in Requirement(r).specifier]
     assert requires and set(specs) == {">="}, requires
 
