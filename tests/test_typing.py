@@ -3,8 +3,9 @@
 
 odb ships `py.typed`, so its annotations are what a user's type checker reads: an error
 here is a wrong type in the API users see, or a bug (issue 59 found a window adapter that
-would call a method the model lacks). mypy's cache (`.mypy_cache/`, ignored by git) makes
-a repeated run take seconds; a cold one takes about 40 s on an idle machine.
+would call a method the model lacks). A cold run (a fresh clone) reads torch's and
+transformers' types and takes up to a minute or more on a busy machine; mypy's cache
+(`.mypy_cache/`, ignored by git) makes a repeated run take seconds.
 """
 
 from __future__ import annotations
