@@ -30,7 +30,8 @@ def sample_bytes(num_samples: int, max_pixels: int, cutoff: int, pixels: str) ->
     """Bytes of every tensor of each of ``num_samples`` preprocessed ShareGPT4o samples."""
     from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
     from experiments.data.pipeline import DataConfig, PreprocessedDataset
-    from experiments.data.proxies import ProxyConfig, write_proxy
+    from experiments.data.proxies import write_proxy
+    from experiments.data.proxy_plans import ProxyConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import SHORT_THRESHOLD, summary
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, summary
 
 
 def write_histogram(lengths: np.ndarray, path: Path, title: str) -> None:

@@ -64,17 +64,14 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image
 
-from experiments.data.proxies import (
-    LF_MAX_PIXELS,
-    MMMIX_SHARES,
-    MMMIX_SOURCES,
+from experiments.data.proxy_lengths import (
     SHORT_THRESHOLD,
-    TARGET_CV,
     TEMPLATE_TOKENS_PER_MESSAGE,
     VISION_WRAP_TOKENS,
     image_tokens,
     summary,
 )
+from experiments.data.proxy_plans import LF_MAX_PIXELS, MMMIX_SHARES, MMMIX_SOURCES, TARGET_CV
 
 BUILDER_VERSION = 1
 HUB_DATASET = "lmms-lab/LLaVA-OneVision-Data"

@@ -24,7 +24,7 @@ from typing import Any
 
 from experiments.data import assets, proxies
 from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import SHORT_THRESHOLD
+from experiments.data.proxy_lengths import SHORT_THRESHOLD
 from experiments.grid import Grid, build_grid
 from experiments.workflow_config import load_files
 from odb.planning.cli import run

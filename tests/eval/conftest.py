@@ -15,7 +15,8 @@ from experiments.data.assets import (
     train_tokenizer,
 )
 from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import ProxyConfig, write_proxy
+from experiments.data.proxies import write_proxy
+from experiments.data.proxy_plans import ProxyConfig
 
 PROXY_SAMPLES = 24
 HOLDOUT_SAMPLES = 6

@@ -18,7 +18,8 @@ from experiments.data.pipeline import (
     normalise,
 )
 from experiments.data.pixels import decode_batch
-from experiments.data.proxies import SHORT_THRESHOLD, TARGET_CV, image_tokens, summary
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, image_tokens, summary
+from experiments.data.proxy_plans import TARGET_CV
 from tests.experiments.conftest import CV_SAMPLES
 
 

@@ -68,7 +68,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory):
         train_tokenizer,
     )
     from experiments.data.pipeline import DataConfig, PreprocessedDataset
-    from experiments.data.proxies import ProxyConfig, write_proxy
+    from experiments.data.proxies import write_proxy
+    from experiments.data.proxy_plans import ProxyConfig
 
     root: Path = tmp_path_factory.mktemp("packing")
     # 24 samples cannot reach UltraChat's CV of 0.48; the spread only needs to be wide.
