@@ -49,7 +49,9 @@ from baselines import LengthCache, PackCollate, build_loader, needs_lengths
 from baselines.length_cache import build as build_length_cache
 from experiments.data.pipeline import PreprocessedDataset, collate
 from experiments.train import checkpoint as ckpt
-from experiments.train.config import ConfigError, TrainConfig, load_config
+from experiments.train.config import TrainConfig
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config
 from experiments.train.curves import CURVES_DIR, Curves
 from experiments.train.hardware import check_machine
 from experiments.train.loop import Counters, TrainLoop

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.train.config import ConfigError, TrainConfig, load_config, parse_override
+from experiments.train.config import TrainConfig
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config, parse_override
 from tests.experiments.train.conftest import CONFIGS
 
 QUICK = CONFIGS / "cpu_quick.yaml"

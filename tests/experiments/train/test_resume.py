@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from experiments.train.config import ConfigError, load_config
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config
 from experiments.train.curves import CURVES_DIR, TAGS
 from experiments.train.run import main, resolve_resume
 from harness.ranks import kill_tree, torchrun_command
