@@ -14,7 +14,7 @@ dataset from a factory path, so this library never imports an experiment::
 
     python -m baselines.length_cache build --out results/cache/ultrachat.json \\
         --factory experiments.data.pipeline:PreprocessedDataset \\
-        --kwargs '{"cfg": {"_target_": "experiments.data.pipeline:DataConfig",
+        --kwargs '{"cfg": {"_target_": "experiments.data.records:DataConfig",
                    "dataset": "ultrachat", "source": "data/proxies/ultrachat",
                    "processor": "data/assets/processor"}}' --num-workers 4
     python -m baselines.length_cache info results/cache/ultrachat.json

@@ -42,7 +42,7 @@ def data_inputs(data):
 
 
 def _cache_kwargs(wildcards):
-    cfg = {"_target_": "experiments.data.pipeline:DataConfig", **GRID.data_args(wildcards.data)}
+    cfg = {"_target_": "experiments.data.records:DataConfig", **GRID.data_args(wildcards.data)}
     return json.dumps({"cfg": cfg}, separators=(",", ":"))
 
 

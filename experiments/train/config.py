@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
-from experiments.data.pipeline import DataConfig
+from experiments.data.records import DataConfig
 from experiments.train.config_build import ConfigError, build, plain
 from odb.kit import refuse_renamed
 

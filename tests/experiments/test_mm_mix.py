@@ -10,9 +10,10 @@ import pytest
 
 from experiments.data import mm_mix
 from experiments.data.mm_mix import SOURCE_CONFIGS, MMMixConfig, allocate, build, source_weights
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
+from experiments.data.pipeline import PreprocessedDataset
 from experiments.data.proxy_lengths import SHORT_THRESHOLD, summary
 from experiments.data.proxy_plans import MMMIX_SHARES
+from experiments.data.records import DataConfig
 from tests.experiments.hub_fixtures import write_mm_mix_sources
 
 RECORDS = 100

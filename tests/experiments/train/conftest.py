@@ -132,7 +132,7 @@ def whole_run(base_config: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def ultrachat_train(proxy_root: Path, processor_dir: Path) -> PreprocessedDataset:
-    from experiments.data.pipeline import DataConfig
+    from experiments.data.records import DataConfig
 
     return PreprocessedDataset(DataConfig("ultrachat", str(proxy_root / "ultrachat"),
                                           str(processor_dir), cutoff_len=1024, max_samples=40,
