@@ -14,8 +14,6 @@ from typing import Any, Literal
 
 # What from_pretrained reads from a model repository (README, .gitattributes left out).
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja")
-
-
 RepoKind = Literal["model", "dataset"]
 
 
