@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 import odb
 import odb.kit
 from baselines.config import BaselineConfig
-from baselines.length_cache import LengthSource, default_patches, resolve_lengths
+from baselines.length_cache import LengthSource, resolve_lengths
 from baselines.loader_state import (
     METHOD,
     PLAN_BASE,
@@ -59,6 +59,7 @@ from baselines.loader_state import (
     first_owed,
     parse_state,
 )
+from baselines.measure import default_patches
 from baselines.plans import Plan, check_plan
 from baselines.steps import Keyed, StepCollate, StepMeta, check_dataset, sum_window
 

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, IterableDataset
 import odb
 import odb.kit
 from baselines.config import BaselineConfig
-from baselines.length_cache import default_length
+from baselines.measure import default_length
 
 
 @dataclass(frozen=True)
