@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.grid import Grid, build_grid
+from experiments.grid import build_grid
+from experiments.grid_cells import Grid
 
 # Where each planned setting's value comes from. "paper" = the ODB paper's text;
 # "recipe" = the authors' LLaMA-Factory recipe (odb-example-llamafactory,

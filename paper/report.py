@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.grid import TABLES
+from experiments.grid_cells import TABLES
 from paper import published
 from paper.claims import CLAIM_RULE, FASTER, SLOWER, TOO_FEW, WITHIN_NOISE, Spread
 from paper.common import DATASET_LABEL, METHOD_LABEL, IncompleteGridError, num

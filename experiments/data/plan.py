@@ -26,7 +26,8 @@ from experiments.data import assets, proxies
 from experiments.data.pipeline import PreprocessedDataset
 from experiments.data.proxy_lengths import SHORT_THRESHOLD
 from experiments.data.records import DataConfig
-from experiments.grid import Grid, build_grid
+from experiments.grid import build_grid
+from experiments.grid_cells import Grid
 from experiments.workflow_config import load_files
 from odb.planning.cli import run
 
