@@ -14,7 +14,8 @@ import yaml
 from experiments.data.assets import build_tiny_model
 from experiments.data.pipeline import PreprocessedDataset
 from experiments.train.result import validate_result
-from harness.ranks import run_ranks, run_torchrun
+from harness.ranks import run_ranks
+from harness.torchrun import run_torchrun
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "experiments" / "configs"
