@@ -4,6 +4,7 @@ Shared by :func:`harness.ranks.run_ranks` and :func:`harness.torchrun.run_torchr
 that whatever a test starts is dead when the helper returns or raises.
 """
 
+from __future__ import annotations
 
 import os
 import signal

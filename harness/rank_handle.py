@@ -5,6 +5,7 @@ through a call (:mod:`harness.rank_process`), or ``failed``. A fresh rank is a c
 this process; a pooled one is detached, so its death is seen by polling.
 """
 
+from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
@@ -50,6 +51,11 @@ class RankHandle:
         self.reasons: list[str] = []  # why a pooled rank is unfit for another call
         if not detach:
             self._started(self._launcher.pid)  # the launcher is the rank
+
+    @classmethod
+    def fresh(cls, n: int) -> list[RankHandle]:
+        """``n`` newly spawned ranks, children of this process, that exit after one call."""
+        return [cls(detach=False) for _ in range(n)]
 
     def read(self) -> None:
         """Take in every message the rank has sent since the last read."""

@@ -215,10 +215,7 @@ def run_ranks(
     ranks: list[RankHandle] = []
     try:
         Path(workdir, CALL_FILE).write_bytes(pickle.dumps(call))
-        if pool:
-            ranks = pool.take(world_size)
-        else:
-            ranks = [RankHandle(detach=False) for _ in range(world_size)]
+        ranks = pool.take(world_size) if pool else RankHandle.fresh(world_size)
         results = _run(ranks, workdir, timeout, fresh=pool is None)
         if pool is not None:
             done, ranks = ranks, []

@@ -4,6 +4,7 @@ The launcher and its workers share one process group, killed whole at the limit 
 the caller is interrupted; the failure message holds the output so far.
 """
 
+from __future__ import annotations
 
 import os
 import re
