@@ -56,7 +56,6 @@ class Resume:
     steps_before: int  # epoch steps run before that plan (numbering continues)
 
 
-
 @dataclass(frozen=True)
 class SavedState:
     """A checked save: where its epoch stood and which plan it ran."""

@@ -73,7 +73,6 @@ class StepCollate:
         return batch, StepMeta(ids, idle, measure, tokens)
 
 
-
 def sum_window(
     group: odb.kit.AlignmentGroup,
     windows: odb.AccumulationNormalizer,

@@ -283,8 +283,6 @@ def save_figure(fig: Any, path: Path) -> None:
     fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
 
 
-
-
 def scale_note(grid: Mapping[str, Any]) -> str:
     if grid["scale"] == "paper":
         return ""

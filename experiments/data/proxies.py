@@ -81,7 +81,6 @@ def write_proxy(cfg: ProxyConfig, out_dir: Path, keep: int = 0) -> dict:
     return meta
 
 
-
 def write_leverage(cfg: LeverageConfig, out_dir: Path, cutoff_len: int = 16384) -> dict:
     """Calibrate and write one leverage mix (MM-Mix TMDB layout) under ``out_dir``."""
     t, plans, lengths = calibrate_leverage(cfg, cutoff_len)

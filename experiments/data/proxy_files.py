@@ -41,7 +41,6 @@ class TextSource:
         return " ".join(self.words[self.rng.integers(0, len(self.words), n_words)])
 
 
-
 def _write_png(path: Path, h: int, w: int, colour: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Palette mode: one byte per pixel keeps large images fast to write and small on disk.

@@ -47,7 +47,6 @@ def coefficient_of_variation(lengths: np.ndarray) -> float:
     return float(lengths.std() / lengths.mean())
 
 
-
 @dataclass
 class SamplePlan:
     """What one record will hold: messages as (role, words, image_first) and image sizes."""
@@ -58,13 +57,11 @@ class SamplePlan:
     image_after_text: bool = False  # LLaVA puts <image> after the question in some rows
 
 
-
 def model_length(plan: SamplePlan, max_pixels: int, cutoff: int) -> int:
     """Modelled post-pipeline length of one planned record."""
     words = sum(n for _, n in plan.messages)
     vision = sum(image_tokens(h, w, max_pixels) + VISION_WRAP_TOKENS for h, w in plan.images)
     return min(cutoff, words + TEMPLATE_TOKENS_PER_MESSAGE * len(plan.messages) + vision)
-
 
 
 def summary(lengths: np.ndarray, short_threshold: int = SHORT_THRESHOLD) -> dict:

@@ -75,13 +75,11 @@ def default_max_pixels(name: str) -> int:
     return LARGE_MAX_PIXELS if name == "sharegpt4o" else LF_MAX_PIXELS
 
 
-
 def _lognormal(z: np.ndarray, mean: float, cv: float) -> np.ndarray:
     """Integer lognormal with the given mean and CV, driven by standard normals ``z``."""
     sigma = math.sqrt(math.log1p(cv * cv))
     mu = math.log(mean) - sigma * sigma / 2
     return np.maximum(1, np.rint(np.exp(mu + sigma * z))).astype(np.int64)
-
 
 
 class _Draws:
@@ -264,7 +262,6 @@ def calibrate(cfg: ProxyConfig) -> tuple[float, list[SamplePlan], np.ndarray]:
     return knob, plans, lengths(knob)
 
 
-
 @dataclass(frozen=True)
 class LeverageConfig:
     """One synthetic mix of the short-sample-leverage ablation (MM-Mix schema, text only).
@@ -317,7 +314,6 @@ def _plan_leverage(cfg: LeverageConfig) -> Callable[[float], list[SamplePlan]]:
         ]
 
     return plan
-
 
 
 def calibrate_leverage(cfg: LeverageConfig, cutoff_len: int) -> tuple[float, list[SamplePlan],

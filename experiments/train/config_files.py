@@ -27,7 +27,6 @@ from experiments.train.config_build import ConfigError
 __all__ = ["load_config", "parse_override"]
 
 
-
 def _read_layer(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """One YAML file with its ``include:`` files merged underneath it."""
     path = path.resolve()
