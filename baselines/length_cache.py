@@ -14,7 +14,7 @@ dataset from a factory path, so this library never imports an experiment::
 
     python -m baselines.length_cache build --out results/cache/ultrachat.json \\
         --factory experiments.data.pipeline:PreprocessedDataset \\
-        --kwargs '{"cfg": {"_target_": "experiments.data.pipeline:DataConfig",
+        --kwargs '{"cfg": {"_target_": "experiments.data.records:DataConfig",
                    "dataset": "ultrachat", "source": "data/proxies/ultrachat",
                    "processor": "data/assets/processor"}}' --num-workers 4
     python -m baselines.length_cache info results/cache/ultrachat.json
@@ -26,12 +26,11 @@ callable's result on the other keys (recursively), as in Hydra.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,13 +38,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
+from baselines.measure import default_length, default_patches
+from baselines.targets import import_target, instantiate
+
 __all__ = [
     "LengthCache",
     "StaleCacheError",
     "build",
-    "default_length",
-    "default_patches",
-    "instantiate",
     "main",
     "resolve_lengths",
 ]
@@ -60,24 +59,6 @@ _REBUILD_HINT = (
 
 class StaleCacheError(ValueError):
     """A length cache does not describe the dataset it is used with."""
-
-
-def default_length(sample: Mapping[str, Any], key: str = "input_ids") -> int:
-    """Length of a sample: ``len(sample[key])`` (tensor or list)."""
-    value = sample[key]
-    return int(value.shape[-1]) if hasattr(value, "shape") else len(value)
-
-
-def default_patches(sample: Mapping[str, Any]) -> int:
-    """Visual patches of a Qwen-VL-style sample: ``image_grid_thw.prod(-1).sum()``, else 0.
-
-    Example:
-        >>> import torch
-        >>> default_patches({"image_grid_thw": torch.tensor([[1, 4, 6]])})
-        24
-    """
-    grid = sample.get("image_grid_thw")
-    return 0 if grid is None else int(grid.prod(-1).sum())
 
 
 @dataclass(frozen=True)
@@ -356,36 +337,6 @@ def resolve_lengths(
             f"samples {short[:5]} have length < 1; filter empty samples out of the dataset"
         )
     return lengths, patches
-
-
-def instantiate(value: Any) -> Any:
-    """Builds ``{"_target_": "module:callable", **kwargs}`` values, recursively.
-
-    Example:
-        >>> instantiate({"_target_": "fractions:Fraction", "numerator": 1, "denominator": 3})
-        Fraction(1, 3)
-    """
-    if isinstance(value, list):
-        return [instantiate(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    value = {k: instantiate(v) for k, v in value.items()}
-    if "_target_" not in value:
-        return value
-    return import_target(value.pop("_target_"))(**value)
-
-
-def import_target(path: str) -> Callable[..., Any]:
-    """``"package.module:name"`` (or ``"package.module.name"``) to the object it names."""
-    module, sep, name = path.partition(":")
-    if not sep:
-        module, _, name = path.rpartition(".")
-    if not module or not name:
-        raise ValueError(f"factory path must look like 'package.module:callable', got {path!r}")
-    target = getattr(importlib.import_module(module), name, None)
-    if target is None or not callable(target):
-        raise ValueError(f"{path!r} does not name a callable in module {module!r}")
-    return target
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

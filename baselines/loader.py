@@ -19,13 +19,7 @@ does the rest once, the same way for all of them:
   note for its peers and closes the group, so they fail at once, naming it, instead of
   waiting out ``align_timeout_s``.
 * ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly once, with ODB's
-  contract: every rank's ``state_dict()`` is its piece, taken without a collective, and
-  ``load_state_dict`` takes the list of pieces (or one dict). The plan is a pure
-  function of the seed, the epoch, the pool and the world size, so each rank knows
-  what *every* rank has consumed after ``k`` steps: a baseline's piece is already the
-  whole state (pieces of one save agree; any one of them restores). A restore with the
-  same world size and plan replays the plan from step ``k`` (the remaining batches are
-  identical); otherwise the samples still owed are re-planned over the current ranks.
+  contract (:mod:`baselines.loader_state`).
 * ``stats()`` measures the realised samples with :class:`odb.kit.StepMetrics`, ODB's own
   figures (padding, budget fill, IDLE steps), and so counts *budget violations*:
   multi-sample steps whose realised cost exceeds the budget, which happens when the
@@ -42,106 +36,34 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader
 
 import odb
 import odb.kit
 from baselines.config import BaselineConfig
-from baselines.length_cache import LengthSource, default_length, default_patches, resolve_lengths
-from baselines.plans import Plan, check_plan
-
-__all__ = ["FixedBatchLoader", "PlannedLoader", "StepMeta", "TokenBudgetedLoader"]
-
-# State keys (named constants, torchdata-style). PROGRESS holds every sample consumed this
-# epoch over all ranks; PLAN_BASE those consumed before the current plan was made.
-METHOD = "method"
-PLAN_KEY = "plan_key"
-PLAN_WORLD_SIZE = "plan_world_size"
-PLAN_STEP = "plan_step"
-STEPS_BEFORE = "steps_before_plan"
-PLAN_BASE = "plan_base"
-PROGRESS = "progress"
-# Who saved the piece (ODB's piece keys): informative, the rest is the whole state.
-RANK = "rank"
-WORLD_SIZE = "world_size"
-STATE_KEYS = (
+from baselines.length_cache import LengthSource, resolve_lengths
+from baselines.loader_state import (
     METHOD,
-    PLAN_KEY,
-    PLAN_WORLD_SIZE,
-    PLAN_STEP,
-    STEPS_BEFORE,
     PLAN_BASE,
+    PLAN_KEY,
+    PLAN_STEP,
+    PLAN_WORLD_SIZE,
     PROGRESS,
     RANK,
+    STEPS_BEFORE,
     WORLD_SIZE,
+    Resume,
+    consumed_ids,
+    first_owed,
+    parse_state,
 )
+from baselines.measure import default_patches
+from baselines.plans import Plan, check_plan
+from baselines.steps import Keyed, StepCollate, StepMeta, check_dataset, sum_window
 
-
-@dataclass(frozen=True)
-class StepMeta:
-    """What the worker measured about one collated step (travels with the batch)."""
-
-    ids: tuple[int, ...]
-    idle: bool
-    measure: odb.kit.GroupMeasure  # the realised samples' lengths and patches
-    loss_tokens: int
-
-    def record(self, metrics: odb.kit.StepMetrics, budget: odb.TokenBudget) -> None:
-        """Count this step in the epoch's metrics."""
-        if self.idle:
-            metrics.record_idle()
-        else:
-            metrics.record_step(budget, self.measure)
-
-
-class _Keyed(Dataset):
-    """Item ``(index, idle)`` is ``(index, idle, dataset[index])``."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, bool]) -> tuple[int, bool, Any]:
-        index, idle = key
-        return index, idle, self.dataset[index]
-
-
-@dataclass(frozen=True)
-class _StepCollate:
-    """Runs the user's collate on one step and measures it (in the DataLoader worker)."""
-
-    collate_fn: Callable[[list[Any]], Any]
-    config: BaselineConfig
-    length_fn: Callable[[Any], int] | None
-    patches_fn: Callable[[Any], int]
-
-    def __call__(self, keyed: list[tuple[int, bool, Any]]) -> tuple[Any, StepMeta]:
-        samples = [sample for _, _, sample in keyed]
-        idle = keyed[0][1]
-        batch = self.collate_fn(samples)
-        tokens = odb.kit.finish_batch(batch, self.config, idle=idle)
-        length = self.length_fn or (lambda s: default_length(s, self.config.length_key))
-        measure = odb.kit.GroupMeasure()
-        for sample in samples:
-            measure = measure.plus(int(length(sample)), int(self.patches_fn(sample)))
-        ids = () if idle else tuple(index for index, _, _ in keyed)
-        return batch, StepMeta(ids, idle, measure, tokens)
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """How the next ``iter()`` continues a restored epoch."""
-
-    epoch: int
-    base: tuple[int, ...]  # consumed before the plan to run was made
-    step: int  # steps of that plan already consumed
-    steps_before: int  # epoch steps run before that plan (numbering continues)
-
+__all__ = ["PlannedLoader"]
 
 class PlannedLoader:
     """Base of the baseline loaders: a precomputed per-epoch plan run through a DataLoader.
@@ -182,7 +104,7 @@ class PlannedLoader:
     ) -> None:
         if not isinstance(config, BaselineConfig):
             raise TypeError(f"config must be a BaselineConfig, got {type(config).__name__}")
-        _check_dataset(dataset)
+        check_dataset(dataset)
         self.dataset = dataset
         self.config = config
         self.budget = config.budget(self.default_cost_model)
@@ -197,7 +119,7 @@ class PlannedLoader:
                 "length proxy f(index)"
             )
         odb.kit.check_callables(collate_fn=collate_fn, length_fn=length_fn, patches_fn=patches_fn)
-        self._collate = _StepCollate(
+        self._collate = StepCollate(
             collate_fn if collate_fn is not None else self._default_collate(),
             config,
             length_fn,
@@ -211,7 +133,7 @@ class PlannedLoader:
         self.world_size = 1 if self._rendezvous is None else self._rendezvous.world_size
         self.epoch = 0
         self._iterations = 0
-        self._resume: _Resume | None = None
+        self._resume: Resume | None = None
         self._cached_plan: tuple[Any, Plan] | None = None
         self._last_stats: dict[str, float | int] = {}
         # The epoch in progress (or last run): its plan and how far the trainer got.
@@ -278,14 +200,14 @@ class PlannedLoader:
             resume = self._pending()
             plan_world, step = self.world_size, resume.step
             base, steps_before, done = resume.base, resume.steps_before, False
-            consumed = list(base) + _ids(self._plan_for(resume), step)
+            consumed = list(base) + consumed_ids(self._plan_for(resume), step)
             epoch = resume.epoch
             plan_key = self._plan_key(epoch)
         else:
             epoch = self._plan_epoch
             plan_world, step = len(self._plan), self._yielded
             base, steps_before, done = self._base, self._steps_before, self._epoch_done
-            consumed = list(base) + _ids(self._plan, step)
+            consumed = list(base) + consumed_ids(self._plan, step)
             plan_key = self._plan_key(self._plan_epoch)
         return {
             METHOD: self.method,
@@ -309,43 +231,18 @@ class PlannedLoader:
         uninterrupted run. Otherwise the owed samples are re-planned over the current
         ranks. A state saved after an epoch finished positions the next epoch.
         """
-        state = _one_state(state_dict)
-        odb.kit.check_state_keys(state, STATE_KEYS, type(self).__name__)
-        method = state.pop(METHOD)
-        if method != self.method:
-            raise ValueError(
-                f"the state was saved by a {method!r} loader; this loader is "
-                f"{self.method!r}. Resume with the same method"
-            )
-        progress = odb.LoaderState.from_dict(state.pop(PROGRESS))
-        base = odb.LoaderState.from_dict(state.pop(PLAN_BASE))
-        if progress.num_samples != len(self.dataset):
-            raise ValueError(
-                f"loader state was saved for {progress.num_samples} samples but the dataset "
-                f"has {len(self.dataset)}; resume with the same dataset"
-            )
-        if (progress.seed, progress.shuffle) != (self.config.seed, self.config.shuffle):
-            raise ValueError(
-                f"loader state has seed={progress.seed}, shuffle={progress.shuffle} but this "
-                f"loader has seed={self.config.seed}, shuffle={self.config.shuffle}; build "
-                "the loader with the saved settings"
-            )
-        step, steps_before = state.pop(PLAN_STEP), state.pop(STEPS_BEFORE)
-        state.pop(RANK), state.pop(WORLD_SIZE)  # who saved it: any piece is whole
-        same_plan = state.pop(PLAN_WORLD_SIZE) == self.world_size and state.pop(
-            PLAN_KEY
-        ) == self._plan_key(progress.epoch)
+        saved = parse_state(
+            state_dict, self.method, type(self).__name__, len(self.dataset), self.config
+        )
+        same_plan = saved.plan_world_size == self.world_size and saved.plan_key == (
+            self._plan_key(saved.progress.epoch)
+        )
         self._plan, self._cached_plan, self._emitted_global = None, None, 0
-        if progress.epoch_done:
-            self.epoch, self._resume = progress.epoch + 1, None
-        elif same_plan:
-            self.epoch = progress.epoch
-            self._resume = _Resume(progress.epoch, base.consumed, step, steps_before)
-        else:
-            self.epoch = progress.epoch
-            self._resume = _Resume(progress.epoch, progress.consumed, 0, steps_before + step)
+        self._resume = saved.resume(same_plan)
+        done = saved.progress.epoch_done
+        self.epoch = saved.progress.epoch + 1 if done else saved.progress.epoch
         if self._resume is not None:
-            self._emitted_global = len(progress.consumed)
+            self._emitted_global = len(saved.progress.consumed)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         resume = self._pending()
@@ -356,13 +253,13 @@ class PlannedLoader:
         self._plan, self._plan_epoch, self._base = plan, resume.epoch, resume.base
         self._steps_before, self._yielded = resume.steps_before, resume.step
         self._epoch_done = False
-        self._emitted_global = len(resume.base) + len(_ids(plan, resume.step))
+        self._emitted_global = len(resume.base) + len(consumed_ids(plan, resume.step))
         mine = plan[self.rank]
-        template = next((step[0] for step in mine if step), _first_owed(plan, resume))
+        template = next((step[0] for step in mine if step), first_owed(plan, resume))
         keys = [[(i, False) for i in step] if step else [(template, True)] for step in mine]
         cfg = self.config
         loader = DataLoader(
-            _Keyed(self.dataset),
+            Keyed(self.dataset),
             batch_sampler=keys[resume.step :],
             collate_fn=self._collate,
             num_workers=cfg.num_workers,
@@ -374,7 +271,7 @@ class PlannedLoader:
     # ------------------------------------------------------------------ internals
 
     def _drive(
-        self, loader: DataLoader, plan: Plan, resume: _Resume, plan_s: float
+        self, loader: DataLoader, plan: Plan, resume: Resume, plan_s: float
     ) -> Iterator[dict[str, Any]]:
         group = odb.kit.AlignmentGroup(
             self._rendezvous, f"baselines/{self.method}/iter{self._iterations}/"
@@ -435,17 +332,10 @@ class PlannedLoader:
 
         Returns ``(batch, global samples)`` per step, in order.
         """
-        counts = [n for _, meta, _ in pending for n in (len(meta.ids), meta.loss_tokens)]
-        totals = group.sum_counts(counts)
-        released = []
-        for j, item in enumerate(pending):
-            released += windows.push((item, totals[2 * j], totals[2 * j + 1]), totals[2 * j + 1])
-        released += windows.flush()
         out = []
-        for ((batch, meta, step), samples, tokens), window_tokens, normalizer in released:
-            info = (samples, tokens, window_tokens, normalizer)
-            batch[odb.STEP_INFO_KEY] = self._info(meta, step, info, windows.world_size)
-            out.append((batch, samples))
+        for (batch, meta, step), counts in sum_window(group, windows, pending):
+            batch[odb.STEP_INFO_KEY] = self._info(meta, step, counts, windows.world_size)
+            out.append((batch, counts[0]))
         return out
 
     def _info(self, meta: StepMeta, step: int, counts: tuple[int, ...], world: int) -> odb.StepInfo:
@@ -467,10 +357,10 @@ class PlannedLoader:
             rank=self.rank,
         )
 
-    def _pending(self) -> _Resume:
-        return self._resume or _Resume(self.epoch, (), 0, 0)
+    def _pending(self) -> Resume:
+        return self._resume or Resume(self.epoch, (), 0, 0)
 
-    def _plan_for(self, resume: _Resume) -> Plan:
+    def _plan_for(self, resume: Resume) -> Plan:
         key = (resume.epoch, resume.base, self.world_size)
         if self._cached_plan is None or self._cached_plan[0] != key:
             pool = self._state(resume.base, epoch=resume.epoch).remaining()
@@ -502,70 +392,3 @@ class PlannedLoader:
         for values in (self.lengths, self.patches):
             digest.update(repr(values).encode())
         return digest.hexdigest()[:16]
-
-
-def _one_state(pieces: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> dict[str, Any]:
-    """The whole state from a save's pieces (each is whole; they must agree)."""
-    pieces = odb.kit.state_pieces(pieces)
-    first = {k: v for k, v in pieces[0].items() if k != RANK}
-    for piece in pieces[1:]:
-        if {k: v for k, v in piece.items() if k != RANK} != first:
-            raise ValueError(
-                f"baseline loader state pieces of ranks {pieces[0].get(RANK)} and "
-                f"{piece.get(RANK)} disagree: they come from different checkpoints or steps; "
-                "pass the pieces of one save"
-            )
-    return dict(pieces[0])
-
-
-def _ids(plan: Plan, steps: int) -> list[int]:
-    """Indices every rank consumed in the first ``steps`` steps of ``plan``."""
-    return [i for rank_steps in plan for step in rank_steps[:steps] for i in step]
-
-
-def _first_owed(plan: Plan, resume: _Resume) -> int:
-    """A sample to build this rank's IDLE batches from when it has none of its own."""
-    for rank_steps in plan:
-        for step in rank_steps:
-            if step:
-                return step[0]
-    return resume.base[0] if resume.base else 0
-
-
-def _check_dataset(dataset: Any) -> None:
-    if isinstance(dataset, IterableDataset) or not (
-        hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
-    ):
-        raise TypeError(
-            f"baseline loaders plan whole epochs, so they need a map-style dataset (__len__ "
-            f"and __getitem__), got {type(dataset).__name__}"
-        )
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty; a loader needs at least one sample")
-
-
-class FixedBatchLoader(PlannedLoader):
-    """A method whose batches have a fixed size (``config.fixed_batch_size()``)."""
-
-    def _setup(self) -> None:
-        self.batch_size = self.config.fixed_batch_size()
-
-    def _plan_params(self) -> dict[str, Any]:
-        return {"batch_size": self.batch_size, "shuffle": self.config.shuffle}
-
-
-class TokenBudgetedLoader(PlannedLoader):
-    """A method whose groups are sized by ``token_budget``: ``batch_size`` and
-    ``cutoff_len`` are refused."""
-
-    def _setup(self) -> None:
-        for name in ("batch_size", "cutoff_len"):
-            if getattr(self.config, name) is not None:
-                raise ValueError(
-                    f"{name}={getattr(self.config, name)} has no meaning for the "
-                    f"{self.method!r} method, whose groups are sized by token_budget; "
-                    f"leave {name}=None"
-                )
-
-    def _plan_params(self) -> dict[str, Any]:
-        return {"shuffle": self.config.shuffle}

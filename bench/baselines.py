@@ -46,8 +46,10 @@ TEXT_ONLY = ("ultrachat",)
 def datasets(root: Path, n: int, seed: int, cutoff: int) -> dict:
     """The four proxies through the real pipeline (proxies and assets written under root)."""
     from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
-    from experiments.data.pipeline import DataConfig, PreprocessedDataset
-    from experiments.data.proxies import PROXY_NAMES, ProxyConfig, default_max_pixels, write_proxy
+    from experiments.data.pipeline import PreprocessedDataset
+    from experiments.data.proxies import write_proxy
+    from experiments.data.proxy_plans import PROXY_NAMES, ProxyConfig, default_max_pixels
+    from experiments.data.records import DataConfig
 
     for name in PROXY_NAMES:
         if not (root / name).exists():

@@ -29,8 +29,10 @@ PAPER_CUTOFF = 16_384
 def sample_bytes(num_samples: int, max_pixels: int, cutoff: int, pixels: str) -> list[int]:
     """Bytes of every tensor of each of ``num_samples`` preprocessed ShareGPT4o samples."""
     from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
-    from experiments.data.pipeline import DataConfig, PreprocessedDataset
-    from experiments.data.proxies import ProxyConfig, write_proxy
+    from experiments.data.pipeline import PreprocessedDataset
+    from experiments.data.proxies import write_proxy
+    from experiments.data.proxy_plans import ProxyConfig
+    from experiments.data.records import DataConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

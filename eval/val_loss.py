@@ -19,7 +19,8 @@ def run(cfg) -> dict:
     """Load ``cfg.checkpoint``, score the held-out split, write and return the record."""
     from eval.checkpoint import load_checkpoint
     from eval.results import result_record, write_result
-    from experiments.data.pipeline import DataConfig, PreprocessedDataset, data_files
+    from experiments.data.pipeline import PreprocessedDataset
+    from experiments.data.records import DataConfig, data_files
 
     started = time.perf_counter()
     model, tokenizer, _, meta = load_checkpoint(
@@ -71,7 +72,7 @@ def run(cfg) -> dict:
 def _run_data_config(checkpoint: str):
     """The training run's own data settings, reading its held-out split."""
     from eval.checkpoint import training_config
-    from experiments.data.pipeline import DataConfig
+    from experiments.data.records import DataConfig
 
     data = dict(training_config(checkpoint)["data"])
     if not data.get("holdout_samples"):

@@ -2,7 +2,7 @@
 what it will cost.
 
 For every training cell of the grid the plan loads the run config its job will load
-(the same layers and overrides, through ``experiments.train.config.load_config``) and
+(the same layers and overrides, through ``experiments.train.config_files.load_config``) and
 reports the settings that decide its cost and its numbers, each beside where the value
 comes from (:data:`SOURCES`: the paper's text, the authors' LLaMA-Factory recipe, or our
 stated choice). It counts the jobs per rule and estimates GPU-hours per cell from the
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.grid import Grid, build_grid
+from experiments.grid import build_grid
+from experiments.grid_cells import Grid
 
 # Where each planned setting's value comes from. "paper" = the ODB paper's text;
 # "recipe" = the authors' LLaMA-Factory recipe (odb-example-llamafactory,
@@ -80,7 +81,8 @@ class Estimate:
 
 def cell_settings(grid: Grid, name: str) -> dict[str, Any]:
     """The planned settings of cell ``name``, as its job's run config holds them."""
-    from experiments.train.config import FIXED_BATCH, load_config
+    from experiments.train.config import FIXED_BATCH
+    from experiments.train.config_files import load_config
 
     layers, overrides = grid.train_invocation(name)
     cfg = load_config(layers, overrides)

@@ -1,7 +1,7 @@
 """Table + figure: token budget L_max sweep — ODB throughput vs the budget.
 
 Speedup is against Standard at the dataset's own budget (the main grid's setting); each
-L_max is judged against ODB at that budget by the claim rule (``paper.common.verdict``).
+L_max is judged against ODB at that budget by the claim rule (``paper.claims.verdict``).
 The paper: throughput grows with L_max until memory or step time dominates; its best
 L_max was 12288 on UltraChat and 14336 on ShareGPT4o.
 
@@ -10,18 +10,16 @@ L_max was 12288 on UltraChat and 14336 on ShareGPT4o.
 
 from __future__ import annotations
 
+from paper.cells import fixed, padded_per_sample, sweep_row
+from paper.claims import CLAIM_RULE
 from paper.common import (
-    CLAIM_RULE,
     DATASET_LABEL,
     Collected,
     Run,
     figure_path,
-    fixed,
-    padded_per_sample,
     pyplot,
     save_figure,
     sort_key,
-    sweep_row,
     yerr,
 )
 from paper.sweep import Sweep, run_sweep

@@ -5,7 +5,7 @@ GMT and BMT pay one full preprocessing pass (the cache build, timed by
 template, tokenizer, cutoff, processor or augmentation; ODB needs no cache. Throughput
 "incl. cache" charges the build to the run: samples / (train time + build time), per
 measurement (``with_cache``), and is judged against ODB's samples/s by the claim rule
-(``paper.common.verdict``).
+(``paper.claims.verdict``).
 
     python -m paper.cache --grid results/paper/grid.json --out-dir results/paper
 """
@@ -14,20 +14,15 @@ from __future__ import annotations
 
 import pandas as pd
 
+from paper.cells import by_variant
+from paper.claims import CLAIM_RULE, Spread, build_seconds, compare, epoch_seconds, pooled
 from paper.common import (
-    CLAIM_RULE,
     DATASET_LABEL,
     METHOD_LABEL,
     Collected,
     Run,
-    Spread,
-    build_seconds,
-    by_variant,
     collect,
-    compare,
-    epoch_seconds,
     parse_args,
-    pooled,
     scale_note,
     sort_key,
     write_table,

@@ -4,28 +4,16 @@ D = DataLoader workers x prefetch_factor (requests in flight; torch's default fa
 2). Pipeline overlap = 1 - (trainer's data-wait time / training wall time): the share of
 the loop not spent waiting for data. The paper: past ~95% overlap, a larger D buys
 little. Each D is judged against ODB's default depth by the claim rule
-(``paper.common.verdict``), so a difference inside the noise is not read as an effect.
+(``paper.claims.verdict``), so a difference inside the noise is not read as an effect.
 
     python -m paper.depth --grid results/paper/grid.json --out-dir results/paper
 """
 
 from __future__ import annotations
 
-from paper.common import (
-    CLAIM_RULE,
-    DATASET_LABEL,
-    Collected,
-    Run,
-    Spread,
-    epoch_seconds,
-    figure_path,
-    fixed,
-    per_measurement,
-    pyplot,
-    save_figure,
-    sweep_row,
-    yerr,
-)
+from paper.cells import fixed, sweep_row
+from paper.claims import CLAIM_RULE, Spread, epoch_seconds, per_measurement
+from paper.common import DATASET_LABEL, Collected, Run, figure_path, pyplot, save_figure, yerr
 from paper.sweep import Sweep, run_sweep
 
 NAME = "depth"

@@ -3,20 +3,16 @@
 With ``join=True`` a rank that has read its view keeps aligning (IDLE steps) until all
 are done: every sample is emitted once per epoch. With ``join=False`` the epoch ends
 when the first rank runs out and the buffered rest is carried into the next epoch. The
-throughput of non-join is judged against join by the claim rule (``paper.common.verdict``).
+throughput of non-join is judged against join by the claim rule (``paper.claims.verdict``).
 
     python -m paper.join --grid results/paper/grid.json --out-dir results/paper
 """
 
 from __future__ import annotations
 
-from paper.common import (
-    CLAIM_RULE,
-    Collected,
-    Run,
-    fixed,
-    sweep_row,
-)
+from paper.cells import fixed, sweep_row
+from paper.claims import CLAIM_RULE
+from paper.common import Collected, Run
 from paper.sweep import Sweep, run_sweep
 
 NAME = "join"

@@ -5,7 +5,7 @@ coefficient of variation (CV) of post-pipeline lengths and the short-sample frac
 f_s independently. The paper: speedup grows with CV and is amplified by f_s (MM-Mix, CV
 0.80 with many short samples, gained more than ShareGPT4o, CV 1.00). Each mix's speedup is
 judged against Standard, and against the speedup of the base mix (lowest CV, then lowest
-f_s) per pairing, by the claim rule (``paper.common.verdict``): a trend is claimed only
+f_s) per pairing, by the claim rule (``paper.claims.verdict``): a trend is claimed only
 where it beats the noise.
 
     python -m paper.leverage --grid results/paper/grid.json --out-dir results/paper
@@ -17,21 +17,14 @@ import math
 
 import pandas as pd
 
+from paper.cells import by_variant, fixed
+from paper.claims import CLAIM_RULE, Comparison, Spread, compare, paired_ratios, pairings, pooled
 from paper.common import (
-    CLAIM_RULE,
     Collected,
-    Comparison,
     Run,
-    Spread,
-    by_variant,
     collect,
-    compare,
     figure_path,
-    fixed,
-    paired_ratios,
-    pairings,
     parse_args,
-    pooled,
     pyplot,
     save_figure,
     scale_note,

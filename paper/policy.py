@@ -2,23 +2,16 @@
 
 Same data, budget and seed; only ``method.odb.policy`` differs. IDLE steps, recirculated
 samples and alignment round latency show what each policy costs; the throughput of each
-policy is judged against the default one by the claim rule (``paper.common.verdict``).
+policy is judged against the default one by the claim rule (``paper.claims.verdict``).
 
     python -m paper.policy --grid results/paper/grid.json --out-dir results/paper
 """
 
 from __future__ import annotations
 
-from paper.common import (
-    CLAIM_RULE,
-    Collected,
-    Run,
-    Spread,
-    fixed,
-    mean_std,
-    per_measurement,
-    sweep_row,
-)
+from paper.cells import fixed, sweep_row
+from paper.claims import CLAIM_RULE, Spread, per_measurement
+from paper.common import Collected, Run, mean_std
 from paper.sweep import Sweep, run_sweep
 
 NAME = "policy"

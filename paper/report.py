@@ -5,7 +5,7 @@ raw results again, so each number has one producer) and writes one Markdown file
 states the scale, the hardware and the commit the results were made at; at CPU-proxy
 scale it says plainly that the numbers are not the paper's GPU numbers, compares
 *directions* only and says which CPU figures carry to the GPU setting. A direction is
-stated only by the claim rule (``paper.common.verdict``): the summary counts the
+stated only by the claim rule (``paper.claims.verdict``): the summary counts the
 settings per verdict and agrees with the paper only when every one is "faster". A table
 with missing cells fails the report unless ``--allow-partial``; then the missing cells
 are listed.
@@ -24,20 +24,10 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.grid import TABLES
+from experiments.grid_cells import TABLES
 from paper import published
-from paper.common import (
-    CLAIM_RULE,
-    DATASET_LABEL,
-    FASTER,
-    METHOD_LABEL,
-    SLOWER,
-    TOO_FEW,
-    WITHIN_NOISE,
-    IncompleteGridError,
-    Spread,
-    num,
-)
+from paper.claims import CLAIM_RULE, FASTER, SLOWER, TOO_FEW, WITHIN_NOISE, Spread
+from paper.common import DATASET_LABEL, METHOD_LABEL, IncompleteGridError, num
 
 
 def _load(paper_dir: Path, name: str) -> dict[str, Any]:

@@ -6,25 +6,16 @@ before the augmentation changed is refused outright by its fingerprint), so late
 epochs' groups can exceed the budget (violations: memory risk) or under-fill it (wasted
 capacity). ODB groups the realised lengths and needs no cache. The finding is the
 violations and the fill (machine independent); samples/s is shown with its spread and
-judged against ODB's by the claim rule (``paper.common.verdict``).
+judged against ODB's by the claim rule (``paper.claims.verdict``).
 
     python -m paper.staleness --grid results/paper/grid.json --out-dir results/paper
 """
 
 from __future__ import annotations
 
-from paper.common import (
-    CLAIM_RULE,
-    DATASET_LABEL,
-    METHOD_LABEL,
-    Collected,
-    Run,
-    Spread,
-    build_seconds,
-    compare,
-    fixed,
-    pooled,
-)
+from paper.cells import fixed
+from paper.claims import CLAIM_RULE, Spread, build_seconds, compare, pooled
+from paper.common import DATASET_LABEL, METHOD_LABEL, Collected, Run
 from paper.sweep import Sweep, run_sweep
 
 NAME = "staleness"

@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from paper.common import Collected, Run, by_variant, collect, parse_args, scale_note, write_table
+from paper.cells import by_variant
+from paper.common import Collected, Run, collect, parse_args, scale_note, write_table
 
 Row = tuple[dict, dict]
 

@@ -1,10 +1,10 @@
 """Table + figure: training throughput (samples/s) and speedup vs Standard.
 
 One row per dataset x setting (model, mode, nodes) x method. Samples/s is the median
-and range of the cell's measurements (``paper.common.measurements``: each whole epoch
+and range of the cell's measurements (``paper.claims.measurements``: each whole epoch
 after the warm-up, over every seed); the speedup is computed per pairing with Standard
 in the same setting (same seed, epoch k with epoch k) and shown with its range; the
-verdict follows the claim rule (``paper.common.verdict``). Next to the timings, the
+verdict follows the claim rule (``paper.claims.verdict``). Next to the timings, the
 machine-independent figures that decide throughput on a GPU: steps, padding efficiency,
 padded tokens per sample, IDLE steps and budget fill. The figure draws the median
 speedups with their ranges.
@@ -18,22 +18,18 @@ import math
 
 import pandas as pd
 
+from paper.cells import fixed, padded_per_sample
+from paper.claims import CLAIM_RULE, Spread, compare, pooled
 from paper.common import (
-    CLAIM_RULE,
     DATASET_LABEL,
     METHOD_LABEL,
     METHOD_ORDER,
     Collected,
     Run,
-    Spread,
     collect,
-    compare,
     figure_path,
-    fixed,
     group,
-    padded_per_sample,
     parse_args,
-    pooled,
     pyplot,
     save_figure,
     scale_note,

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from harness.ranks import RankPool, use_pool  # noqa: E402
+from harness.ranks import RankPool, use_pool
 
 # The time budgets (over-budget tests reported, hangs fail), the xdist workers' shares
 # (tests/workers.py) and pytester for the budgets' own tests.

@@ -133,8 +133,8 @@ def test_an_ablation_at_the_default_setting_is_the_main_cell() -> None:
 def test_cache_and_train_agree_on_the_data_config() -> None:
     """The length cache is built from grid.data_args, the run from its --config layers and
     overrides: both must give the same DataConfig, or the run refuses the cache as stale."""
-    from experiments.data.pipeline import DataConfig
-    from experiments.train.config import load_config
+    from experiments.data.records import DataConfig
+    from experiments.train.config_files import load_config
 
     for config in (_config("cpu.yaml"), _config("paper.yaml")):
         grid = build_grid(config)

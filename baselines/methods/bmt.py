@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import odb
 import odb.kit
-from baselines.loader import TokenBudgetedLoader
 from baselines.plans import Plan, check_world, deal_steps, shuffled, sized_samples
+from baselines.sizing import TokenBudgetedLoader
 
 __all__ = ["BMTLoader", "BMTPlan"]
 

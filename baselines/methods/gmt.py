@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import odb
 import odb.kit
-from baselines.loader import TokenBudgetedLoader
 from baselines.plans import Plan, StepIds, deal, shuffled, sized_samples
+from baselines.sizing import TokenBudgetedLoader
 
 __all__ = ["GMTLoader", "GMTPlan"]
 

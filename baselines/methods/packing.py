@@ -31,8 +31,8 @@ import torch
 
 import odb
 import odb.kit
-from baselines.loader import TokenBudgetedLoader
 from baselines.plans import Plan, StepIds, deal, shuffled
+from baselines.sizing import TokenBudgetedLoader
 
 __all__ = ["PackCollate", "PackingLoader", "PackingPlan", "block_causal_mask"]
 

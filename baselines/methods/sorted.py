@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from baselines.loader import FixedBatchLoader
 from baselines.plans import Plan, check_world, chunks, deal_steps, shuffled
+from baselines.sizing import FixedBatchLoader
 
 __all__ = ["SortedLoader", "SortedPlan"]
 

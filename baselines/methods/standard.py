@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from baselines.loader import FixedBatchLoader
 from baselines.plans import Plan, check_world, chunks
+from baselines.sizing import FixedBatchLoader
 
 __all__ = ["StandardLoader", "StandardPlan"]
 

@@ -10,7 +10,7 @@ from bench import _io
 from bench.real_pipeline.cell import run_cell
 from bench.real_pipeline.rank import LOADERS, VARIANTS, CellSpec, proxy_source
 from bench.real_pipeline.report import compare, median_run, table
-from experiments.data.proxies import PROXY_NAMES, default_max_pixels
+from experiments.data.proxy_plans import PROXY_NAMES, default_max_pixels
 
 DESCRIPTION = (
     "odb vs a plain DataLoader on the real Qwen3-VL preprocessing path (the four proxies)."

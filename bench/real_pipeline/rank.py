@@ -146,7 +146,8 @@ def rank_cell(rank: int, world: int, spec: CellSpec) -> dict[str, Any]:
     """One rank of a cell: build the dataset and loader, run the epochs, measure."""
     import multiprocessing
 
-    from experiments.data.pipeline import DataConfig, PreprocessedDataset
+    from experiments.data.pipeline import PreprocessedDataset
+    from experiments.data.records import DataConfig
 
     # A rank started by multiprocessing's spawn inherits "spawn" as its default start
     # method, so a plain DataLoader's workers would re-import torch and unpickle the

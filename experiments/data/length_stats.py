@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import SHORT_THRESHOLD, summary
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, summary
+from experiments.data.records import DataConfig
 
 
 def write_histogram(lengths: np.ndarray, path: Path, title: str) -> None:

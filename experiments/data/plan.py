@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from experiments.data import assets, proxies
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import SHORT_THRESHOLD
-from experiments.grid import Grid, build_grid
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.proxy_lengths import SHORT_THRESHOLD
+from experiments.data.records import DataConfig
+from experiments.grid import build_grid
+from experiments.grid_cells import Grid
 from experiments.workflow_config import load_files
 from odb.planning.cli import run
 

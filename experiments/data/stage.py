@@ -55,200 +55,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import time
-import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
 
-from experiments.data.hub_records import write_records
+from experiments.data.stage_fetch import (
+    MARKER,
+    archive_from_mirror,
+    archive_from_url,
+    download_url,
+    extract,
+    fetch_from_hub,
+    mirror_fetcher,
+    selected,
+    tree_files,
+)
+from experiments.data.stage_spec import RepoSpec, StageSpec, UrlSpec, WheelSpec
 
-MARKER = ".staged.json"
 MANIFEST = "STAGED.json"
 WHEELS = "wheels"
-# What from_pretrained reads from a model repository (README, .gitattributes left out).
-MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja")
 MODEL_REQUIRED = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
-_HIDDEN = (".cache/", MARKER)  # snapshot_download's metadata folder and our marker
-RepoKind = Literal["model", "dataset"]
-
-
-@dataclass(frozen=True)
-class RepoSpec:
-    """One hub repository to stage: its id, kind and file patterns (hub syntax:
-    ``fnmatch`` on the path inside the repository)."""
-
-    repo: str
-    kind: RepoKind
-    allow: tuple[str, ...]
-    ignore: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in RepoKind.__args__:
-            raise ValueError(f"kind must be one of {RepoKind.__args__}, got {self.kind!r}")
-        if self.repo.count("/") != 1 or not all(self.repo.split("/")):
-            raise ValueError(f"Repository ids are '<org>/<name>', got {self.repo!r}")
-        if not self.allow:
-            raise ValueError(f"{self.repo}: give at least one allow pattern")
-
-    @property
-    def folder(self) -> str:
-        """Where it lives, in the cache and in a mirror: ``models/<org>/<name>`` etc."""
-        return f"{self.kind}s/{self.repo}"
-
-
-@dataclass(frozen=True)
-class UrlSpec:
-    """One archive to download and unpack into ``<cache>/<extract_to>``."""
-
-    name: str
-    url: str
-    extract_to: str
-
-    def __post_init__(self) -> None:
-        if not self.url.endswith(".zip"):
-            raise ValueError(f"url {self.name}: only .zip archives are supported, got "
-                             f"{self.url!r}")
-        if Path(self.extract_to).is_absolute() or ".." in Path(self.extract_to).parts:
-            raise ValueError(f"url {self.name}: extract_to must be a folder inside the "
-                             f"cache, got {self.extract_to!r}")
-
-    @property
-    def archive(self) -> str:
-        """The archive's file name (``train2017.zip``), as kept in a mirror's ``urls/``."""
-        return self.url.rsplit("/", 1)[-1]
-
-
-def _dist(name: str) -> str:
-    """A distribution name as wheel file names spell it (PEP 427: ``flash_attn``)."""
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-@dataclass(frozen=True)
-class WheelSpec:
-    """One wheel to copy into ``<cache>/wheels/``: ``source`` is a local path or a URL of
-    a ``.whl`` file of the distribution ``name`` (e.g. flash-attn built for the nodes'
-    CUDA, torch and Python)."""
-
-    name: str
-    source: str
-
-    def __post_init__(self) -> None:
-        parts = self.file.removesuffix(".whl").split("-")
-        if not self.file.endswith(".whl") or len(parts) not in (5, 6):
-            raise ValueError(f"wheel {self.name}: {self.source!r} is not a wheel file "
-                             f"(<dist>-<version>-<python>-<abi>-<platform>.whl)")
-        if _dist(parts[0]) != _dist(self.name):
-            raise ValueError(f"wheel {self.name}: {self.file} is a wheel of {parts[0]!r}; "
-                             f"name the entry after its distribution or fix the source")
-
-    @property
-    def file(self) -> str:
-        """The wheel's file name, as kept in ``<cache>/wheels/``."""
-        return self.source.rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """Everything to stage. Build it from the workflow config with `from_dict`.
-
-    Example:
-        >>> spec = StageSpec.from_dict({"models": ["Qwen/Qwen3-VL-2B-Instruct"],
-        ...     "datasets": {"cais/mmlu": {"allow": ["*/test-*.parquet"]}}})
-        >>> [r.folder for r in spec.repos]
-        ['models/Qwen/Qwen3-VL-2B-Instruct', 'datasets/cais/mmlu']
-    """
-
-    repos: tuple[RepoSpec, ...]
-    urls: tuple[UrlSpec, ...] = field(default=())
-    wheels: tuple[WheelSpec, ...] = field(default=())
-
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any]) -> StageSpec:
-        """Parse ``{models: [ids], datasets: {id: {allow, ignore}}, urls: {name: {url,
-        extract_to}}, wheels: {name: path or URL}}``; unknown keys raise (so a misspelt
-        key is never ignored)."""
-        unknown = set(spec) - {"models", "datasets", "urls", "wheels"}
-        if unknown:
-            raise ValueError(f"Unknown stage spec key(s) {sorted(unknown)}; the spec has "
-                             f"models, datasets, urls and wheels")
-        repos = [RepoSpec(m, "model", MODEL_PATTERNS) for m in spec.get("models", [])]
-        for repo, entry in spec.get("datasets", {}).items():
-            extra = set(entry) - {"allow", "ignore"}
-            if extra:
-                raise ValueError(f"dataset {repo}: unknown key(s) {sorted(extra)}; give "
-                                 f"allow (and optionally ignore) pattern lists")
-            repos.append(RepoSpec(repo, "dataset", tuple(entry.get("allow", ())),
-                                  tuple(entry.get("ignore", ()))))
-        for name, entry in spec.get("urls", {}).items():
-            if set(entry) != {"url", "extract_to"}:
-                raise ValueError(f"url {name}: give exactly url and extract_to, got "
-                                 f"{sorted(entry)}")
-        urls = [UrlSpec(name, **entry) for name, entry in spec.get("urls", {}).items()]
-        wheels = [WheelSpec(name, str(source))
-                  for name, source in spec.get("wheels", {}).items()]
-        return cls(tuple(repos), tuple(urls), tuple(wheels))
-
-
-# --------------------------------------------------------------------------- fetching
-
-
-def fetch_from_hub(spec: RepoSpec, dest: Path) -> None:
-    """Download ``spec``'s selected files into ``dest`` (the hub's own resumable client)."""
-    from huggingface_hub import snapshot_download
-
-    snapshot_download(spec.repo, repo_type=spec.kind, allow_patterns=list(spec.allow),
-                      ignore_patterns=list(spec.ignore) or None, local_dir=dest)
-
-
-def selected(paths: Iterable[str], spec: RepoSpec) -> list[str]:
-    """The repository paths ``spec`` selects, by the hub client's own matcher."""
-    from huggingface_hub.utils import filter_repo_objects
-
-    return sorted(filter_repo_objects(paths, allow_patterns=list(spec.allow),
-                                      ignore_patterns=list(spec.ignore) or None))
-
-
-def mirror_fetcher(mirror: Path) -> Callable[[RepoSpec, Path], None]:
-    """A fetch function copying from ``mirror`` (the hub's layout) what the hub would send."""
-
-    def fetch(spec: RepoSpec, dest: Path) -> None:
-        root = mirror / spec.folder
-        if not root.is_dir():
-            raise FileNotFoundError(f"{spec.repo}: the mirror has no folder {root}; build it "
-                                    f"with python -m experiments.rehearsal.hub_mirror")
-        tree = _tree(root)
-        files = selected(tree, spec)
-        for rel in files:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, dest / rel)
-        write_records(root, tree, dest, files)
-
-    return fetch
-
-
-def _tree(root: Path) -> list[str]:
-    """Repository-relative paths of the files under ``root`` (no hidden bookkeeping)."""
-    paths = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    return [p for p in paths if not p.startswith(_HIDDEN)]
-
-
-def download_url(url: str, dest: Path) -> None:
-    """Stream ``url`` into ``dest`` (via ``dest.part``, renamed when complete)."""
-    part = dest.with_name(dest.name + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with urllib.request.urlopen(url) as response, part.open("wb") as out:
-        total, done, step = int(response.headers.get("Content-Length", 0)), 0, 1 << 30
-        while chunk := response.read(1 << 22):
-            out.write(chunk)
-            done += len(chunk)
-            if done // step != (done - len(chunk)) // step:
-                print(f"[stage]   {dest.name}: {done >> 20} of {total >> 20} MiB", flush=True)
-    part.rename(dest)
 
 
 # --------------------------------------------------------------------------- checks
@@ -257,7 +85,7 @@ def download_url(url: str, dest: Path) -> None:
 def check_repo(spec: RepoSpec, dest: Path, origin: str) -> list[str]:
     """The staged files of ``spec`` in ``dest``; raises when a pattern selected nothing
     (datasets) or a file ``from_pretrained`` needs is missing (models)."""
-    files = _tree(dest) if dest.is_dir() else []
+    files = tree_files(dest) if dest.is_dir() else []
     if spec.kind == "dataset":
         for pattern in spec.allow:
             one = RepoSpec(spec.repo, spec.kind, (pattern,), spec.ignore)
@@ -322,17 +150,6 @@ def stage_repo(spec: RepoSpec, cache: Path, fetch: Callable[[RepoSpec, Path], No
     return record | {"skipped": False}
 
 
-def extract(archive: Path, dest: Path) -> list[str]:
-    """Unpack a zip archive into ``dest``; returns the member files (the archive's own
-    top folder is kept: COCO's ``train2017.zip`` unpacks to ``dest/train2017/``)."""
-    with zipfile.ZipFile(archive) as zf:
-        names = [i.filename for i in zf.infolist() if not i.is_dir()]
-        if not names:
-            raise ValueError(f"Archive {archive} holds no files; fetch it again")
-        zf.extractall(dest)
-    return names
-
-
 def stage_url(spec: UrlSpec, cache: Path, fetch: Callable[[UrlSpec, Path], Path]) -> dict:
     """Fetch one archive and unpack it into ``cache/<extract_to>`` unless already done."""
     dest = cache / spec.extract_to
@@ -393,25 +210,6 @@ def stage_wheel(spec: WheelSpec, cache: Path) -> dict:
     return record | {"skipped": False}
 
 
-def _archive_from_url(spec: UrlSpec, cache: Path) -> Path:
-    archive = cache / "downloads" / spec.archive
-    if not archive.exists():  # kept after unpacking: a rerun never downloads it again
-        print(f"[stage] url {spec.name}: downloading {spec.url}", flush=True)
-        download_url(spec.url, archive)
-    return archive
-
-
-def _archive_from_mirror(mirror: Path) -> Callable[[UrlSpec, Path], Path]:
-    def fetch(spec: UrlSpec, cache: Path) -> Path:
-        archive = mirror / "urls" / spec.archive
-        if not archive.is_file():
-            raise FileNotFoundError(f"url {spec.name}: the mirror has no {archive}; build it "
-                                    f"with python -m experiments.rehearsal.hub_mirror")
-        return archive
-
-    return fetch
-
-
 def stage(spec: StageSpec, cache: Path, mirror: Path | None = None) -> dict:
     """Stage ``spec`` into ``cache`` from the hub, or from ``mirror`` when given; writes
     and returns the manifest ``cache/STAGED.json``.
@@ -424,10 +222,10 @@ def stage(spec: StageSpec, cache: Path, mirror: Path | None = None) -> dict:
     """
     start = time.perf_counter()
     if mirror is None:
-        origin, fetch_repo, fetch_url = "https://huggingface.co", fetch_from_hub, _archive_from_url
+        origin, fetch_repo, fetch_url = "https://huggingface.co", fetch_from_hub, archive_from_url
     else:
         origin = str(mirror.resolve())
-        fetch_repo, fetch_url = mirror_fetcher(mirror), _archive_from_mirror(mirror)
+        fetch_repo, fetch_url = mirror_fetcher(mirror), archive_from_mirror(mirror)
     cache.mkdir(parents=True, exist_ok=True)
     entries = [stage_repo(r, cache, fetch_repo, origin) for r in spec.repos]
     entries += [stage_url(u, cache, fetch_url) for u in spec.urls]

@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from experiments.data.proxies import ProxyConfig, write_proxy
+from experiments.data.proxies import write_proxy
+from experiments.data.proxy_plans import ProxyConfig
 
 MODELS = ("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct")
 ONEVISION = "datasets/lmms-lab/LLaVA-OneVision-Data"

@@ -100,7 +100,7 @@ def train_rank(out: Path) -> None:
 def check(out: Path, samples: int, timeout: float) -> list[str]:
     """Build, train at W=2, and return what is wrong (empty: every sample once)."""
     sys.path.insert(0, str(ROOT))
-    from harness.ranks import run_torchrun
+    from harness.torchrun import run_torchrun
 
     build_assets(out, samples)
     shutil.rmtree(out / "ids", ignore_errors=True)  # never judge an earlier run's record

@@ -1,11 +1,12 @@
 # Helpers shared by the stage files: input functions and parameters computed from the
-# config and the grid (experiments/grid.py), kept apart from the steps as the Snakemake
+# config and the grid (experiments/grid*.py), kept apart from the steps as the Snakemake
 # catalog does, so each stage file reads as a list of steps.
 
 import json
 import os
 
-from experiments.grid import TABLES, processor, stage_cache, staged
+from experiments.grid_cells import TABLES
+from experiments.grid_data import processor, stage_cache, staged
 
 STAGED = config["data"]["source"] == "staged"
 # Every compute job of the paper path reads the site cache only: the hub is never asked.
@@ -42,7 +43,7 @@ def data_inputs(data):
 
 
 def _cache_kwargs(wildcards):
-    cfg = {"_target_": "experiments.data.pipeline:DataConfig", **GRID.data_args(wildcards.data)}
+    cfg = {"_target_": "experiments.data.records:DataConfig", **GRID.data_args(wildcards.data)}
     return json.dumps({"cfg": cfg}, separators=(",", ":"))
 
 

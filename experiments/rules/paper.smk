@@ -7,6 +7,8 @@
 rule grid_manifest:
     input:
         "experiments/grid.py",
+        "experiments/grid_cells.py",
+        "experiments/grid_data.py",
         "experiments/configs/method/odb.yaml",
     output:
         "results/paper/grid.json",
@@ -31,6 +33,8 @@ rule grid_manifest:
 rule plan:
     input:
         "experiments/grid.py",
+        "experiments/grid_cells.py",
+        "experiments/grid_data.py",
         "experiments/plan.py",
     output:
         md="results/paper/PLAN.md",

@@ -1,40 +1,30 @@
-"""The train entry point's configuration: one frozen, validated object built from YAML layers.
-
-A run is described by a few small YAML files composed in order (scale, model, method,
-mode, strategy; see ``experiments/configs/``) plus ``key=value`` overrides on the command
-line, e.g. ``method.name=gmt optim.lr=2e-5``. A file may name other files to merge
-first with ``include: [relative/path.yaml, ...]``. Later layers win, key by key.
+"""The train entry point's configuration: one frozen, validated object, section by section.
 
 Every key is a typed field of a section dataclass below; an unknown key or a bad value
-fails before any rank starts, naming the key and what to change. Pure: no torch, no I/O
-beyond reading the YAML files.
+fails before any rank starts, naming the key and what to change. Pure: no torch, no I/O.
+The YAML layers that compose one are read by `experiments.train.config_files`.
 
 Example:
-    >>> cfg = load_config(["experiments/configs/cpu_quick.yaml"],
-    ...                   ["method.name=standard"])          # doctest: +SKIP
-    >>> cfg.method.name                                      # doctest: +SKIP
-    'standard'
+    >>> TrainConfig.from_dict({"run": {"out_dir": "r"}, "model": {"path": "m"},
+    ...     "data": {"dataset": "ultrachat", "source": "d", "processor": "p"},
+    ...     "validation": {"enabled": False}}).mode
+    'full'
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
-import yaml
-
-from experiments.config_layers import merge_layers
-from experiments.data.pipeline import DataConfig
+from experiments.data.records import DataConfig
+from experiments.train.config_build import ConfigError, build, plain
 from odb.kit import refuse_renamed
 
 __all__ = [
-    "ConfigError",
     "LoraConfig",
     "MethodConfig",
     "ModelConfig",
@@ -43,16 +33,10 @@ __all__ = [
     "StrategyConfig",
     "TrainConfig",
     "ValidationConfig",
-    "load_config",
-    "merge_layers",
 ]
 
 FIXED_BATCH = ("standard", "sorted")  # the methods whose batch size derives from cutoff_len
 MULTIMODAL = ("llava", "sharegpt4o", "mmmix")
-
-
-class ConfigError(ValueError):
-    """A train config that cannot run: the message names the key and what to change."""
 
 
 def _require(ok: bool, message: str) -> None:
@@ -378,92 +362,15 @@ class TrainConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
         """Build from a nested mapping; unknown keys and bad types raise `ConfigError`."""
         if isinstance(data, Mapping):
-            _refuse_renamed(data, "rename the key '{old}' to '{new}'")
-        return _build(cls, data, "")
+            refuse_renamed_sections(data, "rename the key '{old}' to '{new}'")
+        return build(cls, data)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON/YAML-safe), the form result files record."""
-        return _plain(dataclasses.asdict(self))
+        return plain(dataclasses.asdict(self))
 
 
-# ---------------------------------------------------------------- building
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where or 'config'} must be a mapping of keys, got "
-                          f"{type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {_join(where, unknown[0])!r}; known keys of "
-                          f"{where or 'the config'}: {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        kwargs[name] = _convert(hints[name], value, _join(where, name))
-    missing = [n for n, f in fields.items() if n not in kwargs
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"missing key {_join(where, missing[0])!r} (required)")
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where or 'config'}: {exc}") from None
-
-
-def _convert(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value if value is not None else {}, where)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, where) if len(inner) == 1 else value
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}={value!r} is not allowed; choose one of {list(args)}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        kind = args[0]
-        return tuple(_convert(kind, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if hint is Any or origin in (Mapping, dict) or hint is Mapping:
-        if origin in (Mapping, dict) and not isinstance(value, Mapping):
-            raise ConfigError(f"{where} must be a mapping, got {value!r}")
-        return dict(value) if isinstance(value, Mapping) else value
-    return _scalar(hint, value, where)
-
-
-def _scalar(hint: Any, value: Any, where: str) -> Any:
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)  # YAML reads 1e-5 (no dot) as a string
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, got {value!r}") from None
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
-    return value
-
-
-def _refuse_renamed(sections: Iterable[str], fix: str, **values: Any) -> None:
+def refuse_renamed_sections(sections: Iterable[str], fix: str, **values: Any) -> None:
     """Raise for a section under its former name (``TrainConfig.RENAMED_SECTIONS``).
 
     ``fix`` says what to change where the name was found; it is formatted with ``old``,
@@ -471,67 +378,3 @@ def _refuse_renamed(sections: Iterable[str], fix: str, **values: Any) -> None:
     """
     refuse_renamed(list(sections), TrainConfig.RENAMED_SECTIONS, fix, error=ConfigError,
                    **values)  # fmt: skip
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-# ---------------------------------------------------------------- layers
-
-
-def _read_layer(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """One YAML file with its ``include:`` files merged underneath it."""
-    path = path.resolve()
-    if path in seen:
-        raise ConfigError(f"config include cycle: {' -> '.join(map(str, (*seen, path)))}")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at the top level")
-    includes = data.pop("include", [])
-    _refuse_renamed(data, "rename the section '{old}:' of {path} to '{new}:'", path=path)
-    merged: dict[str, Any] = {}
-    for rel in [includes] if isinstance(includes, str) else includes:
-        merged = merge_layers(merged, _read_layer(path.parent / rel, (*seen, path)))
-    return merge_layers(merged, data)
-
-
-def parse_override(text: str) -> dict[str, Any]:
-    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` (value read as YAML).
-
-    Example:
-        >>> parse_override("optim.lr=2e-5")
-        {'train': {'lr': '2e-5'}}
-    """
-    key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r} must look like section.key=value")
-    value: Any = yaml.safe_load(raw) if raw else ""
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
-def load_config(files: Sequence[str | Path], overrides: Sequence[str] = ()) -> TrainConfig:
-    """Merge ``files`` (each with its includes) then ``overrides``, and validate."""
-    if not files:
-        raise ConfigError("give at least one --config file (see experiments/configs/)")
-    merged: dict[str, Any] = {}
-    for path in files:
-        merged = merge_layers(merged, _read_layer(Path(path)))
-    for text in overrides:
-        override = parse_override(text)
-        rest = text[len(next(iter(override))):]  # what follows the section: ".key=value"
-        _refuse_renamed(override, "write {new}{rest} instead of {text}", rest=rest, text=text)
-        merged = merge_layers(merged, override)
-    return TrainConfig.from_dict(merged)

@@ -26,48 +26,39 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import glob
 import json
 import logging
 import os
 import shutil
-import socket
-import sys
-import time
-from datetime import UTC, datetime, timedelta
-from functools import partial
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 import torch.distributed as dist
 
-import odb
-from baselines import LengthCache, PackCollate, build_loader, needs_lengths
-from baselines.length_cache import build as build_length_cache
-from experiments.data.pipeline import PreprocessedDataset, collate
-from experiments.train import checkpoint as ckpt
-from experiments.train.config import ConfigError, TrainConfig, load_config
+from experiments.train.components import build_datasets, build_method_loader, build_trainable_model
+from experiments.train.config import TrainConfig
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config
 from experiments.train.curves import CURVES_DIR, Curves
 from experiments.train.hardware import check_machine
+from experiments.train.launch import Dist, StartupClock, init_distributed, setup_logging
 from experiments.train.loop import Counters, TrainLoop
-from experiments.train.model import apply_lora, build_model, parameter_counts, set_trainable
+from experiments.train.model import parameter_counts
 from experiments.train.result import build_result, peak_memory, validate_result
-from experiments.train.strategy import Strategy, make_strategy
+from experiments.train.resume import (
+    Checkpointer,
+    resolve_resume,
+    restore,
+    save_final,
+    trainer_state,
+)
+from experiments.train.strategy import make_strategy
 from experiments.train.validation import validation_loss
 
 log = logging.getLogger("experiments.train")
-
-
-@dataclasses.dataclass(frozen=True)
-class Dist:
-    rank: int
-    world_size: int
-    local_rank: int
-    nodes: int
-    device: torch.device
 
 
 # ---------------------------------------------------------------- configuration
@@ -119,191 +110,6 @@ def preflight(cfg: TrainConfig) -> None:
             "use oversize=singleton")
 
 
-# ---------------------------------------------------------------- distributed
-
-
-def init_distributed(cfg: TrainConfig) -> Dist:
-    """Join torchrun's process group, or make a one-process group for a plain launch.
-
-    A caller that already joined a default group (a launcher of its own, a notebook, the
-    test harness's warm ranks) trains in that group, which stays the caller's to end;
-    LOCAL_RANK and LOCAL_WORLD_SIZE come from the environment (one node when unset).
-    """
-    joined = dist.is_initialized()
-    if not joined and "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    cuda = torch.cuda.is_available()
-    backend = cfg.strategy.backend
-    if backend == "auto":
-        backend = "nccl" if cuda else "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if joined else 0))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not joined:
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.strategy.timeout_s))
-    world = dist.get_world_size()
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return Dist(dist.get_rank(), world, local_rank, max(1, world // per_node), device)
-
-
-class StartupClock:
-    """Seconds spent in each start-up phase, from the process's own start.
-
-    The first phase is the launch and the imports (process creation to :func:`main`);
-    each :meth:`mark` closes the phase since the previous one. :meth:`summary` is the
-    one log line a slow start is read from (a Slurm job's or a test's stderr).
-    """
-
-    def __init__(self) -> None:
-        launched = time.time() - psutil.Process().create_time()
-        self.phases: dict[str, float] = {"launch and imports": max(0.0, launched)}
-        self._last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.phases[phase] = now - self._last
-        self._last = now
-
-    def summary(self) -> str:
-        total = sum(self.phases.values())
-        parts = ", ".join(f"{name} {s:.1f} s" for name, s in self.phases.items())
-        return f"start-up {total:.1f} s: {parts}"
-
-
-def _setup_logging(rank: int) -> None:
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s [rank {rank}] %(message)s", stream=sys.stderr)
-
-
-# ---------------------------------------------------------------- data and loader
-
-
-def build_datasets(cfg: TrainConfig) -> tuple[PreprocessedDataset, PreprocessedDataset | None]:
-    train = PreprocessedDataset(cfg.data)
-    val = None
-    if cfg.validation.enabled:
-        val = PreprocessedDataset(dataclasses.replace(cfg.data, holdout=True))
-    return train, val
-
-
-def _length_cache(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int, out_dir: Path,
-                  workers: int) -> tuple[LengthCache, dict[str, Any]]:
-    """Load the configured cache, or build one in this run (rank 0, timed)."""
-    built = cfg.method.length_cache is None
-    path = out_dir / "length_cache.json" if built else Path(cfg.method.length_cache)
-    if built and rank == 0:
-        log.info("building the length cache (one full preprocessing pass)")
-        build_length_cache(dataset, num_workers=workers, command="built by experiments.train"
-                           ).save(path)
-    dist.barrier()
-    cache = LengthCache.load(path, dataset)  # refuses a stale fingerprint
-    return cache, {"path": str(path), "build_seconds": cache.build_seconds,
-                   "build_timings": list(cache.build_timings), "built_in_run": built}
-
-
-def build_method_loader(cfg: TrainConfig, dataset: PreprocessedDataset, rank: int,
-                        out_dir: Path) -> tuple[Any, dict[str, Any] | None]:
-    """The loader of ``cfg.method`` with this run's seed, accumulation and collate."""
-    options = cfg.method.loader_options(cfg.optim.grad_accum_steps, cfg.run.seed,
-                                        cfg.data.cutoff_len)
-    if cfg.method.name == "packing":
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        collate_fn = PackCollate(mask_dtype=dtype,
-                                 block_mask=cfg.model.attn_implementation != "flash_attention_2")
-    else:
-        collate_fn = partial(collate, pad_token_id=dataset.tokenizer.pad_token_id)
-    lengths, cache_info = None, None
-    if needs_lengths(cfg.method.name):
-        lengths, cache_info = _length_cache(cfg, dataset, rank, out_dir, cfg.method.num_workers)
-    loader = build_loader(cfg.method.name, dataset, cfg.method.token_budget,
-                          collate_fn=collate_fn, lengths=lengths, **options)
-    if isinstance(loader, odb.ODBLoader):
-        loader.start()  # its collate process starts up while the model is built
-    return loader, cache_info
-
-
-# ---------------------------------------------------------------- model
-
-
-def build_trainable_model(cfg: TrainConfig, tokenizer, device: torch.device,
-                          resume_from: Path | None):
-    """The model to train; under DDP a resumed run starts from the checkpoint's weights."""
-    model_cfg = cfg.model
-    if resume_from is not None and cfg.mode == "full" and cfg.strategy.name == "ddp":
-        model_cfg = dataclasses.replace(model_cfg, init="pretrained",
-                                        path=str(resume_from / "model"))
-    model = build_model(model_cfg, tokenizer, cfg.run.seed, device)
-    if cfg.mode == "full":
-        set_trainable(model, cfg.model.train_vision)
-        return model
-    model.requires_grad_(False)
-    model = apply_lora(model, cfg.lora, cfg.model.train_vision)
-    if resume_from is not None and cfg.strategy.name == "ddp":
-        from peft import set_peft_model_state_dict
-        from peft.utils import load_peft_weights
-
-        set_peft_model_state_dict(model, load_peft_weights(str(resume_from / "adapter")))
-    return model
-
-
-# ---------------------------------------------------------------- resume
-
-
-def resolve_resume(option: str, out_dir: Path, cfg: TrainConfig) -> tuple[Path | None, str]:
-    """(The checkpoint to continue from or None for a fresh run, a note to log).
-
-    ``auto`` resumes the newest complete checkpoint when it was made with the same
-    grouping-relevant settings, and otherwise starts fresh with a note (a workflow rerun
-    after a config change); an explicit folder that does not match is an error.
-    """
-    if option == "none":
-        return None, ""
-    if option == "auto":
-        folder = ckpt.find_latest(out_dir)
-        if folder is None:
-            return None, f"--resume auto: no complete checkpoint under {out_dir}; fresh start"
-        try:
-            check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
-        except ConfigError as exc:
-            return None, f"{exc}. --resume auto starts fresh instead (old checkpoints removed)"
-        return folder, ""
-    folder = Path(option)
-    if not (folder / ckpt.COMPLETE).exists():
-        raise ConfigError(f"--resume {option}: not a complete checkpoint folder (no "
-                          f"{ckpt.COMPLETE} marker); use --resume auto")
-    check_resumable(ckpt.read_state(folder)["config"], cfg, folder)
-    return folder, ""
-
-
-def check_resumable(saved: dict[str, Any], cfg: TrainConfig, folder: Path) -> None:
-    """What decides the samples and their grouping must match; workers, logging may change."""
-    now = cfg.to_dict()
-    if "optim" not in saved and "train" in saved:  # saved before the section was renamed
-        saved = {**saved, "optim": saved["train"]}
-    for key in ("data", "method.name", "method.token_budget", "method.odb", "method.baseline",
-                "optim.grad_accum_steps", "run.seed"):
-        section, _, name = key.partition(".")
-        old, new = saved[section], now[section]
-        if name:
-            old, new = old.get(name), new.get(name)
-        if old != new:
-            raise ConfigError(f"--resume: the checkpoint {folder} was made with {key}={old!r}, "
-                              f"this run has {new!r}; resume with the same setting")
-
-
-def _trim_sample_log(path: Path, steps: int) -> None:
-    """Drop the rows of steps after the checkpoint (they will be run again)."""
-    if path.exists():
-        rows = [line for line in path.read_text().splitlines()
-                if json.loads(line)["step"] <= steps]
-        path.write_text("".join(r + "\n" for r in rows))
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -320,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     own_group = not dist.is_initialized()
     d = init_distributed(cfg)
     clock.mark("process group")
-    _setup_logging(d.rank)
+    setup_logging(d.rank)
     if note:
         log.warning(note)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -358,7 +164,7 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
     clock.mark("strategy")
     counters, fraction = Counters(), 0.0
     if resume_from is not None:
-        counters, fraction = _restore(resume_from, d, strategy, loader, cfg, out_dir)
+        counters, fraction = restore(resume_from, d, strategy, loader, cfg, out_dir)
         clock.mark("resume")
     log.info(clock.summary())
     log.info("%s | %s | %s %s | %s | W=%d | %d of %d parameters trainable", cfg.run.name,
@@ -371,7 +177,7 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
         max_steps=cfg.optim.max_steps, log_every=cfg.run.log_every,
         save_every=cfg.run.save_every, save=checkpoint.save))
     _sum_rank_counters(counters, d.device)
-    _save_final(out_dir / "final", d.rank, strategy, _state(cfg, counters, schedule),
+    save_final(out_dir / "final", d.rank, strategy, trainer_state(cfg, counters, schedule),
                 checkpoint.processor_files)
     validation = _validate(cfg, model, val_set, d.device)
     if d.rank != 0:
@@ -389,24 +195,6 @@ def _train(cfg: TrainConfig, d: Dist, out_dir: Path, resume_from: Path | None,
              result["throughput_samples_per_s"], result["padding_efficiency"],
              out_dir / "result.json")
     return result
-
-
-class Checkpointer:
-    """Writes this run's checkpoints (collective) and keeps the newest ``keep_checkpoints``."""
-
-    def __init__(self, cfg: TrainConfig, rank: int, out_dir: Path, strategy: Strategy,
-                 loader: Any, train_set: PreprocessedDataset) -> None:
-        self.cfg, self.rank, self.out_dir = cfg, rank, out_dir
-        self.strategy, self.loader = strategy, loader
-        self.processor_files = [train_set.tokenizer, train_set.image_processor]
-
-    def save(self, counters: Counters, schedule: dict[str, float]) -> None:
-        folder = self.out_dir / "checkpoints" / f"step_{counters.optimizer_steps:06d}"
-        ckpt.save_checkpoint(folder, rank=self.rank, strategy=self.strategy, loader=self.loader,
-                             trainer_state=_state(self.cfg, counters, schedule),
-                             local=counters.local(), processor_files=self.processor_files)
-        if self.rank == 0:
-            ckpt.prune(self.out_dir, self.cfg.run.keep_checkpoints)
 
 
 def _run_loop(cfg: TrainConfig, d: Dist, out_dir: Path, resumed: bool,
@@ -436,40 +224,6 @@ def _sum_rank_counters(counters: Counters, device: torch.device) -> None:
     dist.all_reduce(totals)
     counters.real_tokens, counters.padded_tokens, counters.idle_steps = (
         int(v) for v in totals.tolist())
-
-
-def _state(cfg: TrainConfig, counters: Counters, schedule: dict[str, float]) -> dict[str, Any]:
-    return {"run_id": cfg.run.name, "global_step": counters.optimizer_steps,
-            "counters": counters.to_dict(), "schedule": schedule, "config": cfg.to_dict()}
-
-
-def _restore(folder: Path, d: Dist, strategy: Strategy, loader: Any, cfg: TrainConfig,
-             out_dir: Path) -> tuple[Counters, float]:
-    """Load the checkpoint into the strategy and the loader; (counters, progress reached)."""
-    state = ckpt.read_state(folder)
-    strategy.load(folder)  # DDP: the optimizer (weights came with the model); else both
-    loader.load_state_dict(ckpt.load_pieces(folder))  # every saved rank's piece, merged
-    counters = Counters(**state["counters"]).with_local(ckpt.load_rank_state(folder, d.rank))
-    # A checkpoint on an epoch's short last window holds a loader whose epoch is done
-    # (taking the window met the epoch's end): the loader then stands at the next epoch.
-    counters.epoch = loader.epoch
-    if cfg.run.record_sample_ids:
-        _trim_sample_log(out_dir / f"samples_rank{d.rank}.jsonl", counters.loader_steps)
-    log.info("resumed from %s (optimizer step %d, epoch %d)", folder,
-             counters.optimizer_steps, counters.epoch)
-    return counters, float(state["schedule"]["fraction"])
-
-
-def _save_final(folder: Path, rank: int, strategy: Strategy, state: dict[str, Any],
-                processor_files: list[Any]) -> None:
-    whole = strategy.full_state_dict()  # collective under FSDP
-    if rank == 0:
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        ckpt.write_model(folder, strategy.model, processor_files, whole)
-        (folder / ckpt.STATE_FILE).write_text(json.dumps(state, indent=1))
-    dist.barrier()
 
 
 def _validate(cfg: TrainConfig, model: torch.nn.Module, val_set: Any,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_smoke import BUDGET, train_command
-from experiments.train.config import load_config
+from experiments.train.config_files import load_config
 
 
 @pytest.mark.parametrize("method", ["standard", "odb"])

@@ -24,7 +24,8 @@ from bench.real_pipeline import (
     median_run,
 )
 from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
-from experiments.data.proxies import ProxyConfig, write_proxy
+from experiments.data.proxies import write_proxy
+from experiments.data.proxy_plans import ProxyConfig
 
 SAMPLES = 12
 

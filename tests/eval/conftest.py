@@ -14,8 +14,10 @@ from experiments.data.assets import (
     corpus_from_proxies,
     train_tokenizer,
 )
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import ProxyConfig, write_proxy
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.proxies import write_proxy
+from experiments.data.proxy_plans import ProxyConfig
+from experiments.data.records import DataConfig
 
 PROXY_SAMPLES = 24
 HOLDOUT_SAMPLES = 6

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from experiments.data.assets import build_image_processor, corpus_from_proxies, train_tokenizer
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import PROXY_NAMES, ProxyConfig, default_max_pixels, write_proxy
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.proxies import write_proxy
+from experiments.data.proxy_plans import PROXY_NAMES, ProxyConfig, default_max_pixels
+from experiments.data.records import DataConfig
 
 CV_SAMPLES = 2000  # the acceptance criterion asks for CV targets on >= 2,000 samples
 SMALL_SAMPLES = 300  # > the 200 records test_pipeline's variants read

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from experiments.data.proxies import vocabulary
+from experiments.data.proxy_files import vocabulary
 
 HUB_DATASET = "lmms-lab/LLaVA-OneVision-Data"
 _STRING = {"dtype": "string", "_type": "Value"}

@@ -30,7 +30,7 @@ from experiments.cluster import (
 )
 from experiments.cluster import host as cluster_host
 from experiments.cluster.host import link_site_conf
-from harness.ranks import free_port
+from harness.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(

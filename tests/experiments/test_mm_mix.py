@@ -9,9 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from experiments.data import mm_mix
-from experiments.data.mm_mix import SOURCE_CONFIGS, MMMixConfig, allocate, build, source_weights
-from experiments.data.pipeline import DataConfig, PreprocessedDataset
-from experiments.data.proxies import MMMIX_SHARES, SHORT_THRESHOLD, summary
+from experiments.data.mm_mix import MMMixConfig, allocate, build, source_weights
+from experiments.data.mm_mix_rows import SOURCE_CONFIGS, config_dir
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, summary
+from experiments.data.proxy_plans import MMMIX_SHARES
+from experiments.data.records import DataConfig
 from tests.experiments.hub_fixtures import write_mm_mix_sources
 
 RECORDS = 100
@@ -76,7 +79,7 @@ def test_counts_follow_the_weights(mix: Path) -> None:
 
 def test_images_are_the_parquet_bytes(mix: Path, cache: Path) -> None:
     for r in _records(mix)[:40]:
-        folder = mm_mix.config_dir(cache, r["source"])
+        folder = config_dir(cache, r["source"])
         table = pq.read_table(sorted(folder.glob("*.parquet")), columns=["image"])
         expected = table.column("image")[r["upstream"]["index"]].as_py()["bytes"]
         assert (mix / r["images"][0]).read_bytes() == expected
@@ -110,7 +113,7 @@ def test_deterministic_for_a_seed(mix: Path, cache: Path, tmp_path: Path) -> Non
 def test_missing_source_names_its_config_folder(cache: Path, tmp_path: Path) -> None:
     partial = tmp_path / "cache"
     shutil.copytree(cache, partial)
-    shutil.rmtree(mm_mix.config_dir(partial, "aokvqa"))
+    shutil.rmtree(config_dir(partial, "aokvqa"))
     with pytest.raises(FileNotFoundError, match=r"aokvqa\(cauldron,llava_format\)"):
         mm_mix.main(["--cache", str(partial), "--out", str(tmp_path / "out"), "--records", "10"])
     assert not (tmp_path / "out").exists()  # checked before anything is written

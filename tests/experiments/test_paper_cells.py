@@ -20,7 +20,8 @@ import torch
 import odb
 from baselines import build_loader, needs_lengths
 from experiments.grid import build_grid
-from experiments.train.config import FIXED_BATCH, TrainConfig, load_config
+from experiments.train.config import FIXED_BATCH, TrainConfig
+from experiments.train.config_files import load_config
 from experiments.workflow_config import PAPER_CONFIG, load_files
 
 ROOT = Path(__file__).resolve().parents[2]

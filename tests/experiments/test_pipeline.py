@@ -10,15 +10,11 @@ import torch
 
 import odb
 from experiments.data.assets import IMAGE_PAD, build_tiny_model
-from experiments.data.pipeline import (
-    IGNORE_INDEX,
-    DataConfig,
-    PreprocessedDataset,
-    collate,
-    normalise,
-)
+from experiments.data.pipeline import IGNORE_INDEX, PreprocessedDataset, collate
 from experiments.data.pixels import decode_batch
-from experiments.data.proxies import SHORT_THRESHOLD, TARGET_CV, image_tokens, summary
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, image_tokens, summary
+from experiments.data.proxy_plans import TARGET_CV
+from experiments.data.records import DataConfig, normalise
 from tests.experiments.conftest import CV_SAMPLES
 
 

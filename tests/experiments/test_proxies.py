@@ -13,14 +13,9 @@ import pytest
 from datasets import load_dataset
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_resize
 
-from experiments.data.proxies import (
-    SHORT_THRESHOLD,
-    LeverageConfig,
-    ProxyConfig,
-    smart_resize,
-    write_leverage,
-    write_proxy,
-)
+from experiments.data.proxies import write_leverage, write_proxy
+from experiments.data.proxy_lengths import SHORT_THRESHOLD, smart_resize
+from experiments.data.proxy_plans import LeverageConfig, ProxyConfig
 from tests.experiments.conftest import proxy_source
 
 

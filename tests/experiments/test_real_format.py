@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from experiments.data import length_stats
-from experiments.data.pipeline import DataConfig, PreprocessedDataset, normalise
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.records import DataConfig, normalise
 
 CONV = [{"from": "human", "value": "describe this\n<image>"}, {"from": "gpt", "value": "a cat"}]
 

@@ -16,8 +16,10 @@ import yaml
 
 from eval import mmlu, mmmu_data
 from experiments.data.hub_records import HUB_CLIENT_VERSION, write_records
-from experiments.data.pipeline import DataConfig, PreprocessedDataset, data_files
-from experiments.data.stage import RepoSpec, StageSpec, check_repo, stage
+from experiments.data.pipeline import PreprocessedDataset
+from experiments.data.records import DataConfig, data_files
+from experiments.data.stage import check_repo, stage
+from experiments.data.stage_spec import RepoSpec, StageSpec
 from experiments.rehearsal.hub_mirror import MMMIX_CONFIGS, build_mirror
 
 RECORDS = 20

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.ranks import RankPool, run_ranks, run_torchrun, use_pool, without_progress_bars
+from harness.ranks import RankPool, run_ranks, use_pool
+from harness.torchrun import run_torchrun, without_progress_bars
 
 pytestmark = pytest.mark.dist
 FRESH = pytest.mark.parametrize("fresh", [False, True], ids=["pooled", "fresh"])

@@ -39,8 +39,9 @@ from typing import Any
 
 import psutil
 
+from harness.processes import host_store, kill_tree
 from harness.rank_process import group_members, rank_main
-from harness.ranks import _read_stack, _wait_for_stacks, host_store, kill_tree
+from harness.ranks import _read_stack, _wait_for_stacks
 
 _GLOO_TIMEOUT_MARGIN_S = 60.0
 # What the fork server imports once for every rank it forks.

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 import odb
-from harness.ranks import kill_tree, run_torchrun
+from harness.processes import kill_tree
 from harness.scenarios import LengthDataset
+from harness.torchrun import run_torchrun
 
 SCRIPT = Path(__file__).with_name("early_stop_script.py")
 ROOT = SCRIPT.parents[2]

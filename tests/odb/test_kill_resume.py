@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from harness.ranks import run_torchrun
+from harness.torchrun import run_torchrun
 from odb.core.resume import merge_pieces, parse_pieces
 from tests.odb.kill_resume_script import LENGTHS
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.ranks import run_ranks, run_torchrun
+from harness.ranks import run_ranks
+from harness.torchrun import run_torchrun
 from tests.odb.two_loaders_script import EVAL_LENGTHS, TRAIN_LENGTHS, two_loaders
 
 pytestmark = pytest.mark.dist

@@ -31,7 +31,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import odb
-from harness.ranks import run_ranks, run_torchrun
+from harness.ranks import run_ranks
+from harness.torchrun import run_torchrun
 from tests.forked import run_forked
 from tests.odb.shm_audit import ShmAudit, held_shm, shm_entries
 from tests.odb.trainer_settings_script import (

@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from paper.common import (
-    Collected,
-    Comparison,
-    Run,
-    Spread,
-    compare,
-    measurements,
-    paired_ratios,
-    pairings,
-    verdict,
-)
+from paper.claims import Comparison, Spread, compare, measurements, paired_ratios, pairings, verdict
+from paper.common import Collected, Run
 
 
 def _run(name: str = "r", timings: list[tuple[float, int]] | None = None, **cell) -> Run:

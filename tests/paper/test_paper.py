@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.grid import TABLES
+from experiments.grid_cells import TABLES
 from paper.common import IncompleteGridError
 
 HERE = Path(__file__).resolve().parent

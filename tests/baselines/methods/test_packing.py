@@ -67,8 +67,10 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory):
         corpus_from_proxies,
         train_tokenizer,
     )
-    from experiments.data.pipeline import DataConfig, PreprocessedDataset
-    from experiments.data.proxies import ProxyConfig, write_proxy
+    from experiments.data.pipeline import PreprocessedDataset
+    from experiments.data.proxies import write_proxy
+    from experiments.data.proxy_plans import ProxyConfig
+    from experiments.data.records import DataConfig
 
     root: Path = tmp_path_factory.mktemp("packing")
     # 24 samples cannot reach UltraChat's CV of 0.48; the spread only needs to be wide.

@@ -14,7 +14,7 @@ from torch.utils.data import Subset
 
 import odb
 from experiments.data import plan as data_plan
-from experiments.data.proxies import PROXY_NAMES
+from experiments.data.proxy_plans import PROXY_NAMES
 from harness.ranks import run_ranks
 from tests.odb.planning.loader_figures import FIGURES, epoch_figures, summed
 from tests.odb.planning.test_plan import SCHEMA

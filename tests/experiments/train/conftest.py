@@ -14,7 +14,8 @@ import yaml
 from experiments.data.assets import build_tiny_model
 from experiments.data.pipeline import PreprocessedDataset
 from experiments.train.result import validate_result
-from harness.ranks import run_ranks, run_torchrun
+from harness.ranks import run_ranks
+from harness.torchrun import run_torchrun
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "experiments" / "configs"
@@ -132,7 +133,7 @@ def whole_run(base_config: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def ultrachat_train(proxy_root: Path, processor_dir: Path) -> PreprocessedDataset:
-    from experiments.data.pipeline import DataConfig
+    from experiments.data.records import DataConfig
 
     return PreprocessedDataset(DataConfig("ultrachat", str(proxy_root / "ultrachat"),
                                           str(processor_dir), cutoff_len=1024, max_samples=40,

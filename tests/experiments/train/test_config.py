@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.train.config import ConfigError, TrainConfig, load_config, parse_override
+from experiments.train.config import TrainConfig
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config, parse_override
 from tests.experiments.train.conftest import CONFIGS
 
 QUICK = CONFIGS / "cpu_quick.yaml"
@@ -128,7 +130,7 @@ def test_the_former_train_section_is_refused_naming_optim() -> None:
 def test_a_checkpoint_saved_before_the_rename_still_resumes(tmp_path: Path) -> None:
     """A checkpoint's config from before ``train`` became ``optim`` is read as ``optim``:
     the same settings resume, a different accumulation is refused by its new name."""
-    from experiments.train.run import check_resumable
+    from experiments.train.resume import check_resumable
 
     cfg = load_config([QUICK])
     saved = cfg.to_dict()

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from experiments.train.config import ConfigError, load_config
+from experiments.train.config_build import ConfigError
+from experiments.train.config_files import load_config
 from experiments.train.curves import CURVES_DIR, TAGS
-from experiments.train.run import main, resolve_resume
-from harness.ranks import kill_tree, torchrun_command
+from experiments.train.resume import resolve_resume
+from experiments.train.run import main
+from harness.processes import kill_tree
+from harness.torchrun import torchrun_command
 from tests.experiments.train.conftest import CONFIGS, ENV, WHOLE, WHOLE_TRAIN_SAMPLES, train
 from tests.experiments.train.test_curves import read_curves
 

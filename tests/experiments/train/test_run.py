@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from experiments.train.config import ConfigError
+from experiments.train.config_build import ConfigError
 from experiments.train.run import main
 from tests.experiments.train.conftest import WHOLE_TRAIN_SAMPLES, train
 

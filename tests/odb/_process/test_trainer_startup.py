@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 import odb
-from harness.ranks import run_torchrun
 from harness.scenarios import LengthDataset
+from harness.torchrun import run_torchrun
 from odb._process.trainer_startup import _guarded_lines
 from tests.odb.test_bad_input import _assert_no_children_left
 

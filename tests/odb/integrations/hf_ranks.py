@@ -34,7 +34,7 @@ import torch
 from transformers import ProgressCallback, TrainerCallback, TrainingArguments
 
 import odb
-from harness.ranks import run_torchrun, without_progress_bars
+from harness.torchrun import run_torchrun, without_progress_bars
 from odb.integrations.deepspeed import skip_cpu_shm_comm_build
 from odb.integrations.hf_trainer import ODBTrainer
 from tests.odb.integrations.tiny import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.ranks import run_torchrun
+from harness.torchrun import run_torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

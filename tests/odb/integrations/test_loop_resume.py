@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import examples.tiny as tiny
-from harness.ranks import run_torchrun
+from harness.torchrun import run_torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

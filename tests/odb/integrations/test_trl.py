@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import odb
-from harness.ranks import run_torchrun
+from harness.torchrun import run_torchrun
 from tests.odb.integrations.hf_ranks import (
     ENV,
     ROOT,
