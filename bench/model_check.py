@@ -27,25 +27,73 @@ import itertools
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from bench import _io
 from bench.model_check_search import Result, explore
 from bench.model_check_spec import Bounds
 
-DEFAULT_VIEWS = {1: 6, 2: 4, 3: 2}
-"""Most samples per view, per world size, at the default bounds."""
-SMALL_VIEWS = {1: 3, 2: 2, 3: 1}
+DEFAULT_VIEWS = {
+    (1, False): 5,
+    (1, True): 5,
+    (2, False): 3,
+    (2, True): 3,
+    (3, False): 2,
+    (3, True): 1,
+}
+"""Most samples per view at the default bounds, per (world size, stream)."""
+SMALL_VIEWS = {
+    (1, False): 3,
+    (1, True): 3,
+    (2, False): 2,
+    (2, True): 2,
+    (3, False): 1,
+    (3, True): 1,
+}
+"""The suite's bound (``tests/bench/test_model_check.py``)."""
 
 
-def grid(views: dict[int, int], **fixed: Any) -> list[Bounds]:
-    """Every search of the default grid: world x mode x policy x source x ramp."""
+def grid(views: dict[tuple[int, bool], int]) -> list[Bounds]:
+    """World x mode x policy x source x ramp, each with its view bound."""
     return [
-        Bounds(world, join, policy, stream, ramp, views[world], **fixed)
+        Bounds(world, join, policy, stream, ramp, views[world, stream])
         for world, join, policy, stream, ramp in itertools.product(
-            sorted(views), (True, False), ("balanced", "paper"), (False, True), (True, False)
+            sorted({w for w, _ in views}),
+            (True, False),
+            ("balanced", "paper"),
+            (False, True),
+            (True, False),
         )
+        if (world, stream) in views
     ]
+
+
+def pacing(lengths: tuple[int, ...] | None = None) -> list[Bounds]:
+    """Where pacing happens: two ranks in join mode, views of up to 4 samples.
+
+    A rank paces itself only with ``3/4 E <= g < E`` ready groups and ``T >= 2``
+    (e.g. ``(5, 5, 3)`` read against a peer holding ``(5, 3, 3)`` of 4 in round 0, the
+    ramp off); views of 4 reach it. Read counts are those of ``wants_read`` (no early
+    stop), every length of every sample is tried.
+    """
+    extra = {} if lengths is None else {"lengths": lengths}
+    return [
+        Bounds(2, True, policy, False, False, 4, early_stop=False, **extra)
+        for policy in ("balanced", "paper")
+    ]
+
+
+def searches(small: bool) -> list[Bounds]:
+    """The default searches (or the suite's small ones), the costliest first."""
+    if small:
+        return grid(SMALL_VIEWS) + pacing(lengths=(3, 5))
+    found = grid(DEFAULT_VIEWS) + pacing()
+    return sorted(found, key=lambda b: -_cost(b))
+
+
+def _cost(b: Bounds) -> float:
+    return (b.max_view + 1) ** b.world * (2 if b.stream else 1) * len(b.lengths)
 
 
 def run(searches: Iterable[Bounds], jobs: int, stop_first: bool = False) -> list[Result]:
@@ -92,6 +140,7 @@ def summary(results: list[Result]) -> dict[str, Any]:
             if results
             else {},
             "grad_accum_steps": [1, 2],
+            "per_search": "bounds of each row (W, mode, policy, source, ramp, N)",
             "free_slots": "queue_depth (every status)",
         },
         "table": [r.row() for r in results],
@@ -105,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-view", type=int, default=None, help="override N for every world")
     p.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     p.add_argument("--stop-first", action="store_true", help="stop at the first violation")
+    p.add_argument("--mutants", action="store_true", help="the small bound, smallest search first")
     args = p.parse_args(argv)
-    views = dict(SMALL_VIEWS if args.small else DEFAULT_VIEWS)
+    chosen = searches(args.small)
     if args.world:
-        views = {w: views.get(w, 1) for w in args.world}
+        chosen = [b for b in chosen if b.world in args.world]
     if args.max_view is not None:
-        views = dict.fromkeys(views, args.max_view)
-    results = run(grid(views), args.jobs, args.stop_first)
+        chosen = [replace(b, max_view=args.max_view) for b in chosen]
+    if args.mutants:
+        chosen = sorted(searches(True), key=_cost)  # the smallest first: stop early
+    results = run(chosen, args.jobs, args.stop_first)
     doc = summary(results)
     _io.emit(doc, args.out)
     return 1 if doc["violations"] else 0

@@ -206,7 +206,6 @@ def _env(copy: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     p = _io.parser(__doc__.splitlines()[0])
     p.add_argument("--only", action="append", help="only these mutants (by name)")
-    p.add_argument("--small", action="store_true", help="search the suite's small bound only")
     args = p.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
     search = ["--stop-first", "--jobs", "1"] + (

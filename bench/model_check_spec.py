@@ -75,7 +75,11 @@ class Bounds:
         mode = "join" if self.join else "nonjoin"
         source = "stream" if self.stream else "map"
         ramp = "on" if self.ramp else "off"
-        return f"W={self.world} {mode} {self.policy} {source} ramp={ramp} N={self.max_view}"
+        reads = "any" if self.early_stop else "caps"
+        return (
+            f"W={self.world} {mode} {self.policy} {source} ramp={ramp} N={self.max_view} "
+            f"B={self.buffer_size} lengths={list(self.lengths)} reads={reads}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
