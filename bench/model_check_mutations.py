@@ -56,8 +56,9 @@ MUTANTS = (
         "recirculated_group_dropped",
         "odb/core/rounds.py",
         "self.buffer.take(steps.groups))",
-        "self.buffer.take(steps.groups + tuple(ready[plan.target + 1 :]))[: len(steps.groups)])",
-        "a ready group past the first one not chosen leaves the buffer unemitted",
+        "self.buffer.take(steps.groups + tuple(ready[plan.target : plan.target + 1]))"
+        "[: len(steps.groups)])",
+        "the first ready group not chosen (to recirculate) leaves the buffer unemitted",
     ),
     Mutant(
         "split_loses_last_piece",
@@ -74,11 +75,11 @@ MUTANTS = (
         "a rank ends its epoch from its own status (dry) instead of the gathered plan",
     ),
     Mutant(
-        "pacing_skips_a_group",
-        "odb/core/rounds.py",
-        "return head + self._ready[k:], self._waiting",
-        "return head + self._ready[k + 1 :], self._waiting",
-        "pacing off by one: the ready group after the paced ones is left out of the round",
+        "pacing_while_reading",
+        "odb/core/alignment.py",
+        "if not own.read_done or not share * self.heaviest <= g < self.heaviest:",
+        "if not share * self.heaviest <= g < self.heaviest:",
+        "a rank still reading paces itself on an estimate of its own remaining steps",
     ),
     Mutant(
         "ramp_ends_early",
@@ -123,11 +124,11 @@ MUTANTS = (
         "non-join: T bounded by the most buffered rank, not the least",
     ),
     Mutant(
-        "padded_cost_as_packed",
+        "oversize_rule_off_by_one",
         "odb/core/budget.py",
-        "return m.max_len * m.n",
-        "return m.sum_len",
-        "the padded cost is computed as the packed one",
+        "return m.n == 0 or self.fits(m.plus(length, patches))",
+        "return m.n <= 1 or self.fits(m.plus(length, patches))",
+        "the oversize rule off by one: a group of one admits any second sample",
     ),
     Mutant(
         "normaliser_not_over_world",
@@ -208,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", help="only these mutants (by name)")
     args = p.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    search = ["--stop-first", "--jobs", "1"] + (
-        ["--small"] if args.small else ["--mutation-bounds"]
-    )
+    search = ["--stop-first", "--jobs", "1", "--mutants"]
     rows = []
     for mutant in chosen:
         row = check_mutant(mutant, search)

@@ -49,6 +49,8 @@ from odb.core.steps import SampleMeter, SampleReader, StepBuilder
 END = "end"
 """The read that finds a stream's end (the pull returned None)."""
 INDEX_STRIDE = 1000
+IDLE_LENGTH = 3
+"""The sample IDLE steps are collated from (on a real rank: the first one it read)."""
 WINDOWS = (1, 2)
 """Gradient-accumulation windows checked on every path at once."""
 
@@ -204,6 +206,7 @@ def _step(
         if any(o.steps.count or o.payloads for o in outcomes):
             raise Violation("G1", "a rank emitted steps in the round that ended the epoch")
         return _end(bounds, config, state, ranks, statuses)
+    _check_pacing(config, plan, state, move, statuses, outcomes, ranks)
     built = [
         _builder(config, r, s, world).build(o)
         for r, (s, o) in enumerate(zip(state, outcomes, strict=True))
@@ -248,13 +251,39 @@ def _step(
     return Outcome(nxt, paced, split, idle, False)
 
 
+def _check_pacing(config, plan, state, move, statuses, outcomes, ranks) -> None:
+    """Pacing ("One round", 4): only a rank that has read its view paces (join mode), and
+    it emits every sample of the first ``k = Pace.take(...)`` ready groups it spreads
+    (all of its first ``T`` when it is not paced)."""
+    for r, (s, o, rr) in enumerate(zip(statuses, outcomes, ranks, strict=True)):
+        if rr.paced_rounds and not (config.join and s.read_done and plan.pace is not None):
+            raise Violation("G5", f"rank {r} paced itself before reading its view ({s})")
+        if plan.pace is None or not s.read_done:
+            continue
+        k = min(plan.pace.take(s, plan.target), plan.target)
+        again = rebuild(config, r, state[r], move[r])
+        keys = [pos for pos, _, _ in state[r].buffer]
+        keys += [state[r].read + i for i, x in enumerate(move[r]) if x != END]
+        ready, _ = again.buffer.plan(False)  # read_done: every group is ready
+        owed = {keys[item.key] for group in ready[:k] for item in group.items}
+        sent = {p[0] % INDEX_STRIDE for p in _payloads(o)}
+        if not owed <= sent:
+            raise Violation(
+                "G5", f"rank {r} spread its first {k} groups but kept {sorted(owed - sent)}"
+            )
+
+
+def _payloads(outcome) -> list:
+    return [payload for group in outcome.payloads for payload in group]
+
+
 def _no_pull() -> None:
     return None
 
 
 def _builder(config: ODBConfig, rank: int, state: RankState, world: int) -> StepBuilder:
     metrics = EpochMetrics()
-    reader = SampleReader(config, iter(()), SampleMeter(config), lambda: 1, metrics)
+    reader = SampleReader(config, iter(()), SampleMeter(config), lambda: IDLE_LENGTH, metrics)
     builder = StepBuilder(config, collate, reader, metrics, epoch=0, rank=rank, world=world)
     builder.round, builder.step = state.rounds, state.steps
     return builder
