@@ -243,6 +243,11 @@ def _step(
         )
         for r in range(world)
     )
+    return _outcome(nxt, plan, ranks, statuses, outcomes)
+
+
+def _outcome(nxt, plan, ranks, statuses, outcomes) -> Outcome:
+    """The next state, and whether the round paced, split or idled somewhere."""
     paced = any(rr.paced_rounds for rr in ranks)
     split = plan.split and any(
         len(o.steps.groups) > s.ready for o, s in zip(outcomes, statuses, strict=True)
