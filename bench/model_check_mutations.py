@@ -75,6 +75,13 @@ MUTANTS = (
         "a rank ends its epoch from its own status (dry) instead of the gathered plan",
     ),
     Mutant(
+        "plan_from_own_status",
+        "odb/core/rounds.py",
+        "        plan = plan_round(\n            statuses,\n",
+        "        plan = plan_round(\n            [self._status] * len(statuses),\n",
+        "each rank plans from its own status instead of the gathered ones",
+    ),
+    Mutant(
         "pacing_while_reading",
         "odb/core/alignment.py",
         "if not own.read_done or not share * self.heaviest <= g < self.heaviest:",
