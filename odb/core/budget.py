@@ -36,7 +36,7 @@ _COST_MODELS: tuple[str, ...] = get_args(CostModel)
 class GroupMeasure:
     """Running size of a group: sample count, longest length, summed length and patches.
 
-    The measure is all a :class:`TokenBudget` needs to price a group, so a group can be
+    The measure is all a :class:`~odb.TokenBudget` needs to price a group, so a group can be
     grown one sample at a time without keeping its samples around.
 
     Attributes:

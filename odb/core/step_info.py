@@ -74,7 +74,7 @@ class StepInfo:
 
     @property
     def window_loss_tokens(self) -> int:
-        """Deprecated name of :attr:`accumulation_loss_tokens` (kept for old callers)."""
+        """Deprecated name of ``accumulation_loss_tokens`` (kept for old callers)."""
         return self.accumulation_loss_tokens
 
 

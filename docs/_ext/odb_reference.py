@@ -1,0 +1,270 @@
+"""Writes the reference pages from the sources at every build, so they cannot drift.
+
+- one page per public module (``odb``, ``odb.kit``, ``odb.planning``,
+  ``odb.integrations`` and each of its public submodules): an autodoc entry for every
+  name in the module's ``__all__``;
+- the run-config keys: every field of ``experiments.train.config.TrainConfig``'s
+  sections, with its type, default and the meaning its class docstring gives;
+- the workflow targets: every rule of ``Snakefile`` and ``experiments/rules/*.smk``
+  with the comment that explains it (the table rules expanded from
+  ``experiments.grid.TABLES``).
+
+The pages go to ``docs/reference/generated/`` (not committed); a file is rewritten only
+when its text changes, so an incremental build stays incremental.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import re
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parents[1]
+ROOT = DOCS.parent
+OUT = DOCS / "reference" / "generated"
+
+TOP_MODULES = ("odb", "odb.kit", "odb.planning", "odb.integrations")
+RULE = re.compile(r"^rule\s+(\w+)\s*:\s*(?:#\s*(.*))?$")
+
+
+def public_modules() -> list[str]:
+    """The modules the reference covers: the top ones and odb.integrations' public parts."""
+    import odb.integrations
+
+    subs = sorted(
+        m.name
+        for m in pkgutil.iter_modules(odb.integrations.__path__)
+        if not m.name.startswith("_")
+    )
+    return [*TOP_MODULES, *(f"odb.integrations.{name}" for name in subs)]
+
+
+def _directive(module: Any, name: str) -> str:
+    obj = getattr(module, name)
+    if inspect.isclass(obj):
+        return "autoclass"
+    if callable(obj):
+        return "autofunction"
+    return "autodata"
+
+
+def module_page(modname: str, documented: Sequence[str] = ()) -> str:
+    """An rst page: the module's docstring, then every name of its ``__all__``.
+
+    A name re-exported from another module of ``documented`` is a link to its entry
+    there, so a cross-reference to it has one target: the module that defines it.
+    """
+    module = importlib.import_module(modname)
+    names = list(getattr(module, "__all__", ()))
+    if not names:
+        raise RuntimeError(
+            f"{modname} has no __all__: the reference lists a module's "
+            "public names from it; add one"
+        )
+    lines = [
+        f"``{modname}``",
+        "=" * (len(modname) + 4),
+        "",
+        f".. automodule:: {modname}",
+        "   :no-members:",
+        "",
+    ]
+    elsewhere = []
+    for name in names:
+        home = getattr(getattr(module, name), "__module__", modname)
+        if home != modname and home in documented:
+            elsewhere.append(f"- :py:obj:`{modname}.{name} <{home}.{name}>`: see :mod:`{home}`")
+        else:
+            lines += [f".. {_directive(module, name)}:: {modname}.{name}", ""]
+    if elsewhere:
+        lines += ["Also here, documented where they are defined:", "", *elsewhere, ""]
+    return "\n".join(lines)
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``name -> text`` from a Google-style "Attributes:" section (``a / b:`` names two)."""
+    doc = inspect.getdoc(cls) or ""
+    match = re.search(r"^Attributes:\n((?:[ ]{4}.*\n?|\n)+)", doc, re.MULTILINE)
+    if not match:
+        return {}
+    out: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in match.group(1).splitlines():
+        head = re.match(r"^ {4}([\w /]+?):\s*(.*)$", line)
+        if head and not line.startswith(" " * 5):
+            current = [head.group(2)]
+            for key in head.group(1).split("/"):
+                out[key.strip()] = current
+        elif line.strip():
+            current.append(line.strip())
+    return {k: " ".join(v) for k, v in out.items()}
+
+
+def _type_name(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) if isinstance(hint, type) else None
+    text = text or str(hint).replace("typing.", "")
+    return text
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        return repr(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+        return "(section)" if dataclasses.is_dataclass(value) else repr(value)
+    return "required"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def config_page() -> str:
+    """Markdown: every key of the train entry point's config, section by section."""
+    from experiments.train.config import TrainConfig
+
+    lines = [
+        "# Run-config keys",
+        "",
+        "Every key of the train entry point's config (`python -m experiments.train "
+        "--config LAYER.yaml key=value ...`), generated from "
+        "`experiments/train/config.py` and the classes its sections name. A key is "
+        "set in a YAML layer (`section: {key: value}`) or as an override "
+        "`section.key=value`; an unknown key or a bad value is refused before any "
+        "rank starts. Guide: [the train entry point](../../training.md).",
+        "",
+    ]
+    top_hints = typing.get_type_hints(TrainConfig)
+    plain = [
+        f
+        for f in dataclasses.fields(TrainConfig)
+        if not dataclasses.is_dataclass(top_hints[f.name])
+    ]
+    if plain:
+        lines += ["## Top level", "", "| Key | Type | Default |", "|---|---|---|"]
+        lines += [
+            f"| `{f.name}` | `{_cell(_type_name(top_hints[f.name]))}` | `{_cell(_default(f))}` |"
+            for f in plain
+        ]
+        lines.append("")
+    for section in dataclasses.fields(TrainConfig):
+        cls = top_hints[section.name]
+        if not dataclasses.is_dataclass(cls):
+            continue
+        docs = _attribute_docs(cls)
+        hints = typing.get_type_hints(cls)
+        summary = (inspect.getdoc(cls) or "").split("\n", 1)[0]
+        lines += [
+            f"## `{section.name}`",
+            "",
+            f"{summary} (`{cls.__module__}.{cls.__qualname__}`)",
+            "",
+            "| Key | Type | Default | Meaning |",
+            "|---|---|---|---|",
+        ]
+        for f in dataclasses.fields(cls):
+            lines.append(
+                f"| `{section.name}.{f.name}` | `{_cell(_type_name(hints[f.name]))}` "
+                f"| `{_cell(_default(f))}` | {_cell(docs.get(f.name, ''))} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def workflow_rules() -> list[tuple[str, str, str]]:
+    """``(rule, file, comment)`` for every rule of the workflow, in file order."""
+    from experiments.grid import TABLES
+
+    files = [ROOT / "Snakefile", *sorted((ROOT / "experiments" / "rules").glob("*.smk"))]
+    rules = []
+    for path in files:
+        text = path.read_text().splitlines()
+        for i, line in enumerate(text):
+            match = RULE.match(line)
+            comment = ""
+            if match:
+                comment = match.group(2) or _comment_above(text, i)
+                rules.append((match.group(1), path.relative_to(ROOT).as_posix(), comment))
+            elif line.strip() == "rule:" and "table_{_name}" in "".join(text[i : i + 3]):
+                rules += [
+                    (
+                        f"table_{t}",
+                        path.relative_to(ROOT).as_posix(),
+                        f"the `{t}` table (Markdown + LaTeX, and its figure if any), "
+                        f"`python -m paper.{t}`",
+                    )
+                    for t in TABLES
+                ]
+    return rules
+
+
+def _comment_above(lines: list[str], i: int) -> str:
+    block = []
+    while i > 0 and lines[i - 1].startswith("#"):
+        i -= 1
+        block.insert(0, lines[i].lstrip("# ").strip())
+    return " ".join(block)
+
+
+def workflow_page() -> str:
+    """Markdown: the workflow's targets, each with what it is for."""
+    lines = [
+        "# Workflow targets",
+        "",
+        "Every rule of the Snakemake workflow, generated from `Snakefile` and "
+        "`experiments/rules/*.smk` (with the comment above or beside each rule). Any "
+        "of them is a target: `snakemake --cores 2 <target>` (CPU-proxy scale) or "
+        "`snakemake --profile slurm <target>` (paper scale). Guide, with the time of "
+        "each target: [the workflow](../../workflow.md).",
+        "",
+        "| Target | Defined in | What it is for |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| `{name}` | `{where}` | {_cell(comment)} |" for name, where, comment in workflow_rules()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write(name: str, text: str) -> None:
+    path = OUT / name
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(app: Any = None) -> None:
+    """Write every generated page (a Sphinx ``config-inited`` handler)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    modules = public_modules()
+    for modname in modules:
+        write(f"{modname}.rst", module_page(modname, modules))
+    write("run-config.md", config_page())
+    write("workflow-targets.md", workflow_page())
+    index = [
+        "# Reference",
+        "",
+        "Generated from the sources at every build. `odb` is what a training loop "
+        "uses; `odb.kit` is for loaders that are not ODB; `odb.planning` forecasts "
+        "ODB on a dataset; `odb.integrations` drives each framework.",
+        "",
+        "```{toctree}",
+        ":maxdepth: 1",
+        "",
+        *modules,
+        "run-config",
+        "workflow-targets",
+        "```",
+        "",
+    ]
+    write("index.md", "\n".join(index))
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("config-inited", lambda app, config: generate(app))
+    return {"parallel_read_safe": True}
