@@ -74,7 +74,7 @@ docs-check: docs
 	mkdir -p $(SHOTS)
 	$(CHROMIUM) --screenshot=$(SHOTS)/landing.png "file://$(CURDIR)/$(DOCS_OUT)/index.html"
 	$(CHROMIUM) --screenshot=$(SHOTS)/odbloader.png \
-		"file://$(CURDIR)/$(DOCS_OUT)/reference/generated/odb.html#odb.ODBLoader"
+		"file://$(CURDIR)/$(DOCS_OUT)/reference/generated/odb.ODBLoader.html"
 	@echo "Screenshots: $(SHOTS)/landing.png, $(SHOTS)/odbloader.png"
 
 # PATH puts the venv first so rules' `python -m ...` lines use this environment; the CPU

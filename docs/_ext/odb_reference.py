@@ -1,8 +1,8 @@
 """Writes the reference pages from the sources at every build, so they cannot drift.
 
 - one page per public module (``odb``, ``odb.kit``, ``odb.planning``,
-  ``odb.integrations`` and each of its public submodules): an autodoc entry for every
-  name in the module's ``__all__``;
+  ``odb.integrations`` and each of its public submodules) with a table of the names in
+  its ``__all__``, and an autodoc page per name;
 - the run-config keys: every field of ``experiments.train.config.TrainConfig``'s
   sections, with its type, default and the meaning its class docstring gives;
 - the workflow targets: every rule of ``Snakefile`` and ``experiments/rules/*.smk``
@@ -45,20 +45,13 @@ def public_modules() -> list[str]:
     return [*TOP_MODULES, *(f"odb.integrations.{name}" for name in subs)]
 
 
-def _directive(module: Any, name: str) -> str:
-    obj = getattr(module, name)
-    if inspect.isclass(obj):
-        return "autoclass"
-    if callable(obj):
-        return "autofunction"
-    return "autodata"
+def module_pages(modname: str, documented: Sequence[str] = ()) -> dict[str, str]:
+    """rst pages ``{page name: text}``: the module's, and one per name of its ``__all__``.
 
-
-def module_page(modname: str, documented: Sequence[str] = ()) -> str:
-    """An rst page: the module's docstring, then every name of its ``__all__``.
-
-    A name re-exported from another module of ``documented`` is a link to its entry
-    there, so a cross-reference to it has one target: the module that defines it.
+    The module's page holds its docstring and a table of its names, each with the first
+    line of its docstring and a link to the name's own page. A name re-exported from
+    another module of ``documented`` links to its page there, so a cross-reference to it
+    has one target: the module that defines it.
     """
     module = importlib.import_module(modname)
     names = list(getattr(module, "__all__", ()))
@@ -67,6 +60,17 @@ def module_page(modname: str, documented: Sequence[str] = ()) -> str:
             f"{modname} has no __all__: the reference lists a module's "
             "public names from it; add one"
         )
+    pages: dict[str, str] = {}
+    rows, own = [], []
+    for name in names:
+        obj = getattr(module, name)
+        home = getattr(obj, "__module__", modname)
+        target = f"{home}.{name}" if home != modname and home in documented else None
+        if target is None:
+            target = f"{modname}.{name}"
+            own.append(target)
+            pages[target] = _name_page(module, modname, name)
+        rows += [f"   * - :py:obj:`{name} <{target}>`", f"     - {_summary(obj, name)}"]
     lines = [
         f"``{modname}``",
         "=" * (len(modname) + 4),
@@ -74,16 +78,62 @@ def module_page(modname: str, documented: Sequence[str] = ()) -> str:
         f".. automodule:: {modname}",
         "   :no-members:",
         "",
+        ".. list-table::",
+        "   :widths: 30 70",
+        "",
+        *rows,
+        "",
+        ".. toctree::",
+        "   :hidden:",
+        "",
+        *(f"   {page}" for page in own),
+        "",
     ]
-    elsewhere = []
-    for name in names:
-        home = getattr(getattr(module, name), "__module__", modname)
-        if home != modname and home in documented:
-            elsewhere.append(f"- :py:obj:`{modname}.{name} <{home}.{name}>`: see :mod:`{home}`")
-        else:
-            lines += [f".. {_directive(module, name)}:: {modname}.{name}", ""]
-    if elsewhere:
-        lines += ["Also here, documented where they are defined:", "", *elsewhere, ""]
+    pages[modname] = "\n".join(lines)
+    return pages
+
+
+def _summary(obj: Any, name: str) -> str:
+    if not (callable(obj) or inspect.isclass(obj)):
+        return _constant_comment(name).split(". ")[0].rstrip(".") + "."
+    doc = inspect.getdoc(obj) or ""
+    first = doc.split("\n\n", 1)[0].replace("\n", " ").strip() or "(no docstring)"
+    # a role resolves against the module that wrote it, not this page: show it as code
+    return re.sub(r":\w+:`~?([^`]+)`", r"``\1``", first)
+
+
+def _constant_comment(name: str) -> str:
+    """The comment above ``NAME = ...`` where odb defines it (a constant has no docstring)."""
+    for path in sorted((ROOT / "odb").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(rf"^{name}\s*[:=]", line):
+                text = _comment_above(lines, i)
+                if text:
+                    return text
+                raise RuntimeError(
+                    f"{name} ({path.relative_to(ROOT)}:{i + 1}) has no comment above it: "
+                    "the reference shows that comment as the constant's description; add one"
+                )
+    raise RuntimeError(f"{name}: no `{name} = ...` line in odb/; the reference cannot describe it")
+
+
+def _name_page(module: Any, modname: str, name: str) -> str:
+    full = f"{modname}.{name}"
+    lines = [f"``{full}``", "=" * (len(full) + 4), "", f".. currentmodule:: {modname}", ""]
+    obj = getattr(module, name)
+    if inspect.isclass(obj):
+        lines += [f".. autoclass:: {name}", ""]
+    elif callable(obj):
+        lines += [f".. autofunction:: {name}", ""]
+    else:
+        lines += [
+            f".. py:data:: {name}",
+            f"   :value: {obj!r}",
+            "",
+            f"   {_constant_comment(name)}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -232,20 +282,21 @@ def workflow_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(name: str, text: str) -> None:
+def write(name: str, text: str) -> Path:
     path = OUT / name
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
+    return path
 
 
 def generate(app: Any = None) -> None:
     """Write every generated page (a Sphinx ``config-inited`` handler)."""
     OUT.mkdir(parents=True, exist_ok=True)
     modules = public_modules()
+    written = {write("run-config.md", config_page()), write("workflow-targets.md", workflow_page())}
     for modname in modules:
-        write(f"{modname}.rst", module_page(modname, modules))
-    write("run-config.md", config_page())
-    write("workflow-targets.md", workflow_page())
+        for page, text in module_pages(modname, modules).items():
+            written.add(write(f"{page}.rst", text))
     index = [
         "# Reference",
         "",
@@ -262,7 +313,9 @@ def generate(app: Any = None) -> None:
         "```",
         "",
     ]
-    write("index.md", "\n".join(index))
+    written.add(write("index.md", "\n".join(index)))
+    for stale in set(OUT.iterdir()) - written:  # a name that left __all__ leaves no page
+        stale.unlink()
 
 
 def setup(app: Any) -> dict[str, Any]:
