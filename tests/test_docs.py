@@ -5,7 +5,9 @@
 - the reference has an entry for every public name: ``odb.__all__``, ``odb.kit``,
   ``odb.planning`` and every public ``odb.integrations`` module's ``__all__``;
 - the workflow-targets page names exactly the rules Snakemake itself lists;
-- the getting-started page's scripts run as printed.
+- the getting-started page's scripts run as printed;
+- the README is a front door: at most 150 lines, the two set-up commands first, and its
+  links (and the changelog's) lead to files that exist.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 import odb_reference  # noqa: E402  (docs/_ext: the generator the build runs)
 
-pytestmark = pytest.mark.slow
+README_MAX_LINES = 150
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "html"
 
 
+@pytest.mark.slow
 @pytest.mark.time_budget(
     120,
     reason="a whole Sphinx build: imports every integration's "
@@ -67,6 +70,7 @@ def test_the_site_builds_with_warnings_as_errors(site: Path) -> None:
     assert (site / "getting-started.html").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("modname", odb_reference.public_modules())
 def test_every_public_name_has_a_reference_entry(site: Path, modname: str) -> None:
     module = importlib.import_module(modname)
@@ -84,6 +88,7 @@ def _entry(site: Path, module: object, modname: str, name: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_workflow_targets_are_the_rules_snakemake_lists() -> None:
     snakemake = Path(sys.executable).with_name("snakemake")
     proc = subprocess.run(
@@ -127,6 +132,7 @@ def _env() -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.time_budget(
     90,
     reason="runs the page's two scripts as a reader would: two "
@@ -157,3 +163,22 @@ def test_getting_started_scripts_run_as_printed(tmp_path: Path) -> None:
     )
     assert plan.returncode == 0, plan.stderr
     assert "recommended at 8 rank(s)" in plan.stdout
+
+
+def test_readme_is_a_front_door() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
+    first_block = re.search(r"```bash\n(.*?)```", "\n".join(lines), re.DOTALL)
+    assert first_block is not None
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == ["make reproduce", "make test"]
+
+
+@pytest.mark.parametrize("name", ["README.md", "CHANGELOG.md"])
+def test_relative_links_lead_to_files(name: str) -> None:
+    text = (ROOT / name).read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if not re.match(r"[a-z]+:", t)]
+    assert local, f"{name} links to no file of the repository"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert missing == [], f"{name} links to missing files: {missing}"
