@@ -228,30 +228,54 @@ def config_page() -> str:
 
 
 def workflow_rules() -> list[tuple[str, str, str]]:
-    """``(rule, file, comment)`` for every rule of the workflow, in file order."""
+    """``(rule, file, what it is for)`` for every rule of the workflow, in file order.
+
+    What a rule is for: the comment beside or above it, then what it makes (its
+    ``output:``), or for a target rule that only collects files, what it collects.
+    """
     from experiments.grid import TABLES
 
     files = [ROOT / "Snakefile", *sorted((ROOT / "experiments" / "rules").glob("*.smk"))]
     rules = []
     for path in files:
         text = path.read_text().splitlines()
+        where = path.relative_to(ROOT).as_posix()
         for i, line in enumerate(text):
             match = RULE.match(line)
-            comment = ""
             if match:
                 comment = match.group(2) or _comment_above(text, i)
-                rules.append((match.group(1), path.relative_to(ROOT).as_posix(), comment))
+                output = _section(text, i, "output")
+                makes = (
+                    f"makes `{output}`" if output else f"collects `{_section(text, i, 'input')}`"
+                )
+                about = "; ".join(part for part in (comment, makes) if part)
+                rules.append((match.group(1), where, about))
             elif line.strip() == "rule:" and "table_{_name}" in "".join(text[i : i + 3]):
                 rules += [
                     (
                         f"table_{t}",
-                        path.relative_to(ROOT).as_posix(),
+                        where,
                         f"the `{t}` table (Markdown + LaTeX, and its figure if any), "
-                        f"`python -m paper.{t}`",
+                        f"`python -m paper.{t}`; makes `results/paper/tables/{t}.md` and `.tex`",
                     )
                     for t in TABLES
                 ]
     return rules
+
+
+def _section(lines: list[str], start: int, name: str) -> str:
+    """A rule's ``name:`` section, its lines joined (the rule's block ends at no indent)."""
+    out: list[str] = []
+    for line in lines[start + 1 :]:
+        if line and not line[0].isspace():
+            break
+        if out and re.match(r"^ {4}\w+:", line):
+            break
+        if out:
+            out.append(line.strip())
+        elif line.strip() == f"{name}:":
+            out.append("")
+    return " ".join(part for part in out if part).rstrip(",")
 
 
 def _comment_above(lines: list[str], i: int) -> str:
