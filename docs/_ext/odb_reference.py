@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import pkgutil
 import re
 import typing
@@ -309,7 +310,10 @@ def workflow_page() -> str:
 def write(name: str, text: str) -> Path:
     path = OUT / name
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        # atomically: another build (make docs beside make test) may be reading it
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return path
 
 
@@ -338,7 +342,9 @@ def generate(app: Any = None) -> None:
         "",
     ]
     written.add(write("index.md", "\n".join(index)))
-    for stale in set(OUT.iterdir()) - written:  # a name that left __all__ leaves no page
+    for stale in {
+        p for p in OUT.iterdir() if not p.name.startswith(".")
+    } - written:  # a name that left __all__ leaves no page
         stale.unlink()
 
 
