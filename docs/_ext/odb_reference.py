@@ -95,7 +95,7 @@ def module_pages(modname: str, documented: Sequence[str] = ()) -> dict[str, str]
 
 
 def _summary(obj: Any, name: str) -> str:
-    if not (callable(obj) or inspect.isclass(obj)):
+    if not (inspect.isroutine(obj) or inspect.isclass(obj)):
         return _constant_comment(name).split(". ")[0].rstrip(".") + "."
     doc = inspect.getdoc(obj) or ""
     first = doc.split("\n\n", 1)[0].replace("\n", " ").strip() or "(no docstring)"
@@ -125,7 +125,7 @@ def _name_page(module: Any, modname: str, name: str) -> str:
     obj = getattr(module, name)
     if inspect.isclass(obj):
         lines += [f".. autoclass:: {name}", ""]
-    elif callable(obj):
+    elif inspect.isroutine(obj):
         lines += [f".. autofunction:: {name}", ""]
     else:
         lines += [

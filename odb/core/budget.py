@@ -28,6 +28,7 @@ from typing import Literal, get_args
 
 __all__ = ["CostModel", "GroupMeasure", "TokenBudget"]
 
+# How a step's tokens are counted: "padded" (longest length x samples) or "packed" (sum).
 CostModel = Literal["padded", "packed"]
 _COST_MODELS: tuple[str, ...] = get_args(CostModel)
 
