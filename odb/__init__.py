@@ -11,6 +11,9 @@ Layout: ``odb/core`` is the pure logic (budget, grouping, alignment, rounds, ...
 ``odb/_process`` the collate process, its transports and I/O; neither is imported from
 outside ``odb`` (``docs/architecture.md``).
 
+``odb.__version__`` is the installed distribution's version (``importlib.metadata``);
+``"0+unknown"`` when ``odb`` is imported from a checkout that was never installed.
+
 Example:
     >>> import odb
     >>> loader = odb.ODBLoader(dataset, token_budget=8192, num_workers=4)  # doctest: +SKIP
@@ -18,6 +21,9 @@ Example:
     ...     info = odb.pop_step_info(batch)
     ...     model(**batch, num_items_in_batch=info.loss_normalizer).loss.backward()
 """
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from odb._process.comm import AlignmentTimeoutError
 from odb.collate import PadCollate, TensorParts, batch_cat, batch_empty, batch_parts
@@ -30,6 +36,11 @@ from odb.core.step_info import STEP_INFO_KEY, StepInfo, pop_step_info
 from odb.loader import ODBLoader
 from odb.planning import plan
 from odb.wrapping import wrap
+
+try:
+    __version__ = _version("odb")
+except _PackageNotFoundError:  # a checkout on sys.path, never installed: no metadata
+    __version__ = "0+unknown"  # PEP 440, below every release
 
 __all__ = [
     "STEP_INFO_KEY",

@@ -51,7 +51,7 @@ def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tor
     if pool is not None:
         return pool.empty(nbytes)[:nbytes].view(dtype).view(shape)
     storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
 def batch_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -8,7 +8,7 @@ instead of silently changing it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 from torch.utils.data import (
@@ -123,6 +123,7 @@ def _dataloader_settings(dataloader: DataLoader) -> dict[str, Any]:
         type(sampler) is RandomSampler
         and sampler.generator is None
         and not sampler.replacement
+        and isinstance(dataloader.dataset, Sized)
         and sampler.num_samples == len(dataloader.dataset)
     ):
         out["shuffle"] = True

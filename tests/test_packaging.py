@@ -4,8 +4,10 @@
   suite runs on), never an exact pin, so it installs into a user's environment as is;
 - requirements/artifact.txt (what `make` installs) and environment.yml hold the same
   exact pins, which satisfy odb's ranges and equal the installed versions;
-- the built wheel holds only `odb/` and imports and runs a W=1 epoch in a fresh venv
-  that already has torch (slow).
+- `odb.__version__` is the installed distribution's version, pyproject.toml's;
+- the built wheel holds only `odb/`, with its `py.typed` marker, and imports (its
+  `__version__` from the wheel's metadata) and runs a W=1 epoch in a fresh venv that
+  already has torch (slow).
 """
 
 import re
@@ -104,6 +106,12 @@ def test_installed_versions_match_pins() -> None:
     assert wrong == {}, f"pinned vs installed: {wrong}; run `make test` to reinstall"
 
 
+def test_version_is_the_installed_distributions() -> None:
+    import odb
+
+    assert odb.__version__ == version("odb") == META["version"]
+
+
 _FRESH_SCRIPT = textwrap.dedent("""
     import importlib.util, json, sys
     import torch
@@ -120,6 +128,7 @@ _FRESH_SCRIPT = textwrap.dedent("""
     ids = sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids)
     print(json.dumps({
         "odb": odb.__file__,
+        "version": odb.__version__,
         "ids": ids,
         "artifact": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is not None],
     }))
@@ -127,12 +136,11 @@ _FRESH_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     # Built from a copy of what the wheel reads, so the checkout gets no build/ or egg-info.
     src = tmp_path / "src"
     shutil.copytree(ROOT / "odb", src / "odb", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     subprocess.run(
         [
@@ -159,9 +167,13 @@ def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
             for line in zf.read(meta).decode().splitlines()
             if line.startswith("Requires-Dist:")
         ]
+        metadata = zf.read(meta).decode().splitlines()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"odb"}, sorted(tops)
     assert "odb/integrations/hf_trainer.py" in names
+    assert "License-Expression: Apache-2.0" in metadata
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    assert "odb/py.typed" in names  # PEP 561: users' type checkers read odb's annotations
     specs = [s.operator for r in requires for s in Requirement(r).specifier]
     assert requires and set(specs) == {">="}, requires
 
@@ -204,5 +216,6 @@ def test_wheel_holds_only_odb_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
     assert result["odb"].startswith(str(venv)), result["odb"]
+    assert result["version"] == META["version"]
     assert result["ids"] == list(range(40))
     assert result["artifact"] == []  # the experiment packages stay in the checkout

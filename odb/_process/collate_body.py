@@ -19,7 +19,7 @@ import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +115,7 @@ def _unless_stopped(stop: Any, read_ahead: Callable[[], bool]) -> Callable[[], b
 
 def _beating(
     samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob, stop: Any, alarm: WorkerAlarm
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """The samples, beating on each; names a worker that died mid-transfer.
 
     Raises :class:`_Stopped` before and after every read once the trainer asked the
@@ -183,7 +183,7 @@ def collate_main(
     heartbeat = heartbeat if heartbeat is not None else Heartbeat(shared=False)
     group: AlignmentGroup | None = None
     workers: list[Any] = []
-    samples: Iterator[Any] | None = None
+    samples: Generator[Any, None, None] | None = None
     alarm = WorkerAlarm([])
     try:
         # Workers start (fork) before the group exists, so they hold no copy of its

@@ -90,8 +90,8 @@ def run_epoch(
             totals = _sum_counts(group, steps, rounds, metrics)
             for item in _release(steps, totals, epoch_samples, windows):
                 emit(item)
-        for item in windows.flush():
-            emit(attach_step_info(*item))
+        for held in windows.flush():
+            emit(attach_step_info(*held))
         carry, carried = _carry(job, rank, group)
     except BaseException:
         # An epoch ended early must not keep its samples in a reference cycle.

@@ -132,7 +132,7 @@ def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:
     if config.num_workers == 0:
         return None
     if config.worker_start_method is not None:
-        method = config.worker_start_method
+        method: str = config.worker_start_method
     elif config.collate_mode == "process" and "fork" in mp.get_all_start_methods():
         method = "fork"
     else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,17 @@ _NOTE_POLL_S = 0.05
 # connect"). The group is built with a fifth of init_timeout_s so that a peer that left
 # halfway through the rendezvous ends it within init_timeout_s, not five times that.
 _GLOO_CONNECT_FACTOR = 5
+
+
+class _Collectives(Protocol):
+    """The collectives this module calls on its ``ProcessGroupGloo``: bound on it at run
+    time, missing from torch 2.13's stub of it (``torch/_C/_distributed_c10d.pyi``)."""
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]
+    ) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor]) -> dist.Work: ...
 
 
 def leave_failure_note(rendezvous: Rendezvous, prefix: str, summary: str) -> None:
@@ -171,10 +183,10 @@ class AlignmentGroup:
         self.bytes_sent += (1 + longest) * size.element_size()
         return [t[: int(n.item())].tolist() for t, n in zip(out, sizes, strict=True)]
 
-    def _open(self) -> dist.ProcessGroupGloo:
+    def _open(self) -> _Collectives:
         if self._pg is None:
             raise AlignmentTimeoutError("ODB alignment group used after close()")
-        return self._pg
+        return cast(_Collectives, self._pg)
 
     def report_failure(self, summary: str) -> None:
         """Leave a note for the peers that this rank failed, and why (best effort).

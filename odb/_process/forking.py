@@ -93,7 +93,8 @@ class CheckedForkPopen(popen_fork.Popen):
             return False
         os.close(child_w)
         os.close(child_r)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_r, parent_w))
+        # close_fds: in CPython's multiprocessing.util (as its popen_fork uses it), not in typeshed
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_r, parent_w))  # type: ignore[attr-defined]
         self.sentinel = parent_r
         return True
 
@@ -167,6 +168,18 @@ def trainer_start_method() -> str:
     return method or multiprocessing.get_all_start_methods()[0]
 
 
-def context_for(method: str) -> mp_context.BaseContext:
-    """The multiprocessing context of start method ``method``; ``fork`` is checked."""
-    return checked_fork_context() if method == "fork" else multiprocessing.get_context(method)
+def context_for(
+    method: str,
+) -> mp_context.ForkContext | mp_context.SpawnContext | mp_context.ForkServerContext:
+    """The multiprocessing context of start method ``method``; ``fork`` is checked.
+
+    Raises:
+        ValueError: ``method`` is none of ``fork``, ``spawn``, ``forkserver``.
+    """
+    if method == "fork":
+        return checked_fork_context()
+    if method == "spawn":
+        return multiprocessing.get_context("spawn")
+    if method == "forkserver":
+        return multiprocessing.get_context("forkserver")
+    raise ValueError(f"unknown start method {method!r}; use 'fork', 'spawn' or 'forkserver'")

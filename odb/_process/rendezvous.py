@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch.distributed as dist
 
@@ -109,7 +110,8 @@ class SignedStore(dist.Store):
 
     def set(self, key: str, value: str | bytes) -> None:
         data = value if isinstance(value, bytes) else str(value).encode()
-        self._store.set(key, self._tag(key, data) + data)
+        # torch's stub types a Store value str; c10d stores bytes as they are
+        self._store.set(key, self._tag(key, data) + data)  # type: ignore[arg-type]
 
     def get(self, key: str) -> bytes:
         raw = self._store.get(key)
@@ -166,7 +168,7 @@ def open_rendezvous(
         store_host = StoreHost(host or socket.gethostname(), init_timeout_s, loopback)
         address = [(store_host.host, store_host.port, secrets.token_bytes(32))]
     dist.broadcast_object_list(address, src=0)
-    host_name, port, secret = address[0]  # type: ignore[misc]
+    host_name, port, secret = cast(tuple[str, int, bytes], address[0])
     rendezvous = Rendezvous(
         host_name, port, rank, world, init_timeout_s, align_timeout_s, secret=secret
     )

@@ -224,7 +224,7 @@ class CollateRunner:
                 f"{describe_descendants(self._side.root_pid())}"
             )
 
-    def _died(self) -> None:
+    def _died(self) -> Any | None:
         try:  # a last message may have landed between the poll and the liveness check
             message = self._side.receive(timeout_s=1.0)
         except queue.Empty:

@@ -155,7 +155,8 @@ class SampleBuffer:
         """
         items = [SizedSample(key, e.length, e.patches, e.age) for key, e in self._entries.items()]
         ordered = emission_order(form_groups(items, self.budget), self.budget, self.age_limit)
-        ready, waiting = [], []
+        ready: list[Group] = []
+        waiting: list[Group] = []
         for group in ordered:
             overdue = any(item.age >= self.age_limit for item in group.items)
             (ready if group.complete or overdue or not can_read_more else waiting).append(group)

@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from odb.core.alignment import RankStatus
@@ -247,7 +248,7 @@ class LockstepWorld:
     def report(self, free_slots: Sequence[int]) -> list[RankStatus]:
         """Every rank's status, in rank order, each with its own free output slots."""
         return [
-            rank.report(lambda free=free: free)
+            rank.report(partial(int, free))
             for rank, free in zip(self.ranks, free_slots, strict=True)
         ]
 

@@ -79,8 +79,8 @@ class RankRounds:
         self.rounds = 0
         self.paced_rounds = 0
         self._can_read = False
-        self._ready: list = []
-        self._waiting: list = []
+        self._ready: list[Group] = []
+        self._waiting: list[Group] = []
         self._status: RankStatus | None = None
 
     @property
@@ -174,7 +174,10 @@ class RankRounds:
         the ``k``, whole groups make up the rest. Every piece is among the first ``T``,
         so all of the ``k`` groups' samples leave this round (overdue ones included).
         """
-        k = plan.target if plan.pace is None else plan.pace.take(self._status, plan.target)
+        k = plan.target
+        if plan.pace is not None:
+            assert self._status is not None, "a round's status() comes before its decide()"
+            k = plan.pace.take(self._status, plan.target)
         if k >= plan.target:
             return self._ready, self._waiting
         full = self.config.budget

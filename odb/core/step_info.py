@@ -101,7 +101,8 @@ def pop_step_info(batch: MutableMapping[str, Any]) -> StepInfo:
             f"batch has no {STEP_INFO_KEY!r}: it did not come from an ODB "
             "loader, or pop_step_info was already called on it"
         )
-    return batch.pop(STEP_INFO_KEY)
+    info: StepInfo = batch.pop(STEP_INFO_KEY)
+    return info
 
 
 def finish_batch(batch: Any, config: LoaderConfig, *, idle: bool) -> int:
@@ -139,7 +140,7 @@ def finish_batch(batch: Any, config: LoaderConfig, *, idle: bool) -> int:
             f"so it can attach the step info (popped with odb.pop_step_info)"
         )
     labels = batch.get(config.label_key)
-    if not hasattr(labels, "new_full"):
+    if labels is None or not hasattr(labels, "new_full"):
         raise ValueError(
             f"collate_fn output has no label tensor {config.label_key!r} (keys: "
             f"{sorted(batch)}); the loader counts loss tokens from it and masks it for "

@@ -14,7 +14,7 @@ normalisation. Imports ``accelerate`` only when called.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -117,7 +117,9 @@ class AccelerateWindow(Window):
         self.accelerator.backward(loss)
 
 
-def windows(accelerator: Any, model: torch.nn.Module, loader: Any) -> Iterator[AccelerateWindow]:
+def windows(
+    accelerator: Any, model: torch.nn.Module, loader: Any
+) -> Generator[AccelerateWindow, None, None]:
     """One epoch of ``loader`` as windows for an Accelerate loop (call ``set_epoch`` first).
 
     Example:

@@ -12,7 +12,7 @@ fires DDP's hooks like any other. Torch-only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -30,8 +30,10 @@ class DDPWindow(Window):
         self.model, self.device = model, device
 
     def _micro_step(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
-        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
-        return self.model.no_sync() if ddp and not boundary else contextlib.nullcontext()
+        model = self.model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not boundary:
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     def _place(self, batch: dict[str, Any]) -> dict[str, Any]:
         return to_device(batch, self.device)
@@ -43,7 +45,7 @@ class DDPWindow(Window):
 
 def windows(
     model: torch.nn.Module, loader: Any, device: torch.device | str = "cpu"
-) -> Iterator[DDPWindow]:
+) -> Generator[DDPWindow, None, None]:
     """One epoch of ``loader`` as windows for ``model`` (call ``set_epoch`` first).
 
     Args:

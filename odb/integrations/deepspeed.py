@@ -17,7 +17,7 @@ called).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ class DeepSpeedWindow(Window):
         self.engine.step()
 
 
-def windows(engine: Any, loader: Any) -> Iterator[DeepSpeedWindow]:
+def windows(engine: Any, loader: Any) -> Generator[DeepSpeedWindow, None, None]:
     """One epoch of ``loader`` as windows for a DeepSpeed engine (call ``set_epoch`` first).
 
     Raises:

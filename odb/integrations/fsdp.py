@@ -32,15 +32,18 @@ optimizer, the loader takes every piece). Torch-only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from odb.integrations._fsdp_state import group_reductions, managed_parameters
 from odb.integrations.window import Window, adapt_windows, to_device
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["FSDPWindow", "gradient_divisor", "load_checkpoint", "save_checkpoint", "windows"]
 
@@ -54,7 +57,7 @@ class FSDPWindow(Window):
     def __init__(
         self,
         window: Window,
-        model: torch.nn.Module,
+        model: FSDPModule,
         device: torch.device | str,
         parallel: tuple[int, float],
     ) -> None:
@@ -119,7 +122,7 @@ def gradient_divisor(model: torch.nn.Module) -> tuple[int, float]:
 
 def windows(
     model: torch.nn.Module, loader: Any, device: torch.device | str = "cpu"
-) -> Iterator[FSDPWindow]:
+) -> Generator[FSDPWindow, None, None]:
     """One epoch of ``loader`` as windows for a ``fully_shard`` model (call ``set_epoch`` first).
 
     Args:
@@ -128,7 +131,8 @@ def windows(
         device: Where each micro-batch goes.
 
     Raises:
-        ValueError: What :func:`gradient_divisor` refuses; on the first window, a
+        ValueError: What :func:`gradient_divisor` refuses; a root module that is no
+            ``fully_shard`` module (its blocks are); on the first window, a
             data-parallel size other than the loader's world size.
 
     Example:
@@ -138,7 +142,14 @@ def windows(
         ...         window.backward(loss)
         ...     optimizer.step(); optimizer.zero_grad()
     """
+    from torch.distributed.fsdp import FSDPModule
+
     parallel = gradient_divisor(model)
+    if not isinstance(model, FSDPModule):  # only its blocks are: no gradient-sync switch
+        raise ValueError(
+            f"{type(model).__name__} is no fully_shard module (only modules inside it are); "
+            "call torch.distributed.fsdp.fully_shard on the model itself, after its blocks"
+        )
     return adapt_windows(loader, lambda window: FSDPWindow(window, model, device, parallel))
 
 
@@ -192,10 +203,9 @@ def load_checkpoint(
             "load the checkpoint before it"
         )
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    load(state, checkpoint_id=folder / MODEL_DIR)
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])  # fmt: skip
+    # DCP loads in place: into these two dicts' tensors, and their other values set in them.
+    load({"model": model_state, "optimizer": optim_state}, checkpoint_id=folder / MODEL_DIR)
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     pieces = [torch.load(path) for path in sorted((folder / LOADER_DIR).glob("rank*.pt"))]
     loader.load_state_dict(pieces)
     return loader.epoch

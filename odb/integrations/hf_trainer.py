@@ -48,12 +48,12 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from transformers import ProgressCallback, Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
 
 from odb.collate import TensorParts
 from odb.core.step_info import StepInfo, pop_step_info
@@ -68,8 +68,16 @@ LOADER_STATE_DIR = "odb_loader"
 # evaluated at round(fraction * _TICKS) of _TICKS steps.
 _TICKS = 1_000_000
 
+# The mixin's methods use the Trainer's attributes and call its methods through super(): a
+# type checker reads it as the Trainer subclass it always is part of, the runtime as a
+# plain class (so it can go first among any Trainer subclass's bases).
+if TYPE_CHECKING:
+    _TrainerBase = Trainer
+else:
+    _TrainerBase = object
 
-class ODBTrainerMixin:
+
+class ODBTrainerMixin(_TrainerBase):
     """ODB's training data, exact loss, schedule and resume for a ``transformers.Trainer``.
 
     Put it first among the bases (``class MyTrainer(ODBTrainerMixin, Trainer)``) and call
@@ -81,7 +89,8 @@ class ODBTrainerMixin:
         window_infos: The step info of the window being trained (for callbacks).
     """
 
-    loss_is_scaled_for_ga = True  # sum(token losses) / normalizer already covers the window
+    # sum(token losses) / normalizer already covers the window
+    loss_is_scaled_for_ga: bool | None = True
 
     def _attach_loader(self, train_loader: Any) -> None:
         """Train from ``train_loader``; raises ValueError on a setting it cannot honour."""
@@ -157,11 +166,14 @@ class ODBTrainerMixin:
 
     # ------------------------------------------------------------------ data
 
-    def get_train_dataloader(self) -> LoaderEpochs:
+    # LoaderEpochs is no DataLoader: the Trainer's loop only iterates it and asks its len().
+    def get_train_dataloader(self) -> LoaderEpochs:  # type: ignore[override]
         """The loader's epochs, untouched by the Trainer's samplers and Accelerate."""
         return self._epochs
 
-    def get_batch_samples(
+    # The Trainer types the count `Tensor | int | None`; ODB's normaliser is a float (global
+    # loss tokens / W), which the loss divides by as it would by an int.
+    def get_batch_samples(  # type: ignore[override]
         self, epoch_iterator: Iterator[dict[str, Any]], num_batches: int, device: torch.device
     ) -> tuple[list[dict[str, Any]], float | None]:
         """One accumulation window, step info popped, and its ``num_items_in_batch``.
@@ -253,25 +265,37 @@ class ODBTrainerMixin:
                 "(linear, cosine, constant_with_warmup, ...) or set max_steps"
             )
         lambdas = [_at_fraction(lam) for lam in template.lr_lambdas]
-        self.lr_scheduler = ProgressLR(template.optimizer, lambdas, self._epochs.fraction)
-        return self.lr_scheduler
+        scheduler = ProgressLR(template.optimizer, lambdas, self._epochs.fraction)
+        # The Trainer types the attribute LambdaLR (from its `optimizers` argument) and
+        # itself stores any LRScheduler in it, as create_scheduler's return type says.
+        self.lr_scheduler = scheduler  # type: ignore[assignment]
+        return scheduler
 
     # ------------------------------------------------------------------ resume
 
     def train(
-        self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any
-    ) -> Any:
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+        **kwargs: Any,
+    ) -> TrainOutput:
         """``Trainer.train``; a resume also restores the loader from the checkpoint's pieces."""
         if trial is not None:
             raise ValueError(f"{type(self).__name__} does not support hyperparameter search trials")
+        checkpoint = None
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
                 raise ValueError(f"no checkpoint found in output_dir {self.args.output_dir!r}")
-        if resume_from_checkpoint:
-            self.train_loader.load_state_dict(load_loader_pieces(resume_from_checkpoint))
+        elif resume_from_checkpoint:
+            checkpoint = resume_from_checkpoint
+        if checkpoint:
+            self.train_loader.load_state_dict(load_loader_pieces(checkpoint))
             self._epochs.restart()
-        return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
+        return super().train(
+            resume_from_checkpoint=checkpoint, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
+        )
 
 
 class ODBTrainer(ODBTrainerMixin, Trainer):
@@ -309,7 +333,8 @@ class ODBTrainer(ODBTrainerMixin, Trainer):
             raise ValueError(
                 "ODBTrainer reads training data through train_loader; do not pass train_dataset"
             )
-        super().__init__(*args, train_dataset=train_loader.dataset, **kwargs)
+        kwargs["train_dataset"] = train_loader.dataset
+        super().__init__(*args, **kwargs)
         self._attach_loader(train_loader)
 
 

@@ -74,7 +74,7 @@ class ProgressLR(torch.optim.lr_scheduler.LRScheduler):
         """The progress clipped to [0, 1]."""
         return min(max(float(self.progress()), 0.0), 1.0)
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | torch.Tensor]:
         fraction = self.fraction()
         return [
             base * lam(fraction) for lam, base in zip(self.lr_lambdas, self.base_lrs, strict=True)

@@ -36,7 +36,9 @@ __all__ = ["ODBSFTTrainer"]
 _TRL_IGNORE_INDEX = -100
 
 
-class ODBSFTTrainer(ODBTrainerMixin, SFTTrainer):
+# TRL's _BaseTrainer sets loss_is_scaled_for_ga = None unannotated, so its type is None
+# alone, narrower than the Trainer's bool | None that the mixin's True keeps to.
+class ODBSFTTrainer(ODBTrainerMixin, SFTTrainer):  # type: ignore[misc]
     """TRL's ``SFTTrainer`` fed by an ODB loader over the dataset TRL prepared.
 
     Args:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -90,7 +90,7 @@ class Window:
 AdaptedWindow = TypeVar("AdaptedWindow", bound=Window)
 
 
-def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Iterator[Window]:
+def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Generator[Window, None, None]:
     """Iterate one epoch of ``loader`` as accumulation windows (call ``set_epoch`` first).
 
     Args:
@@ -132,7 +132,7 @@ def iter_windows(loader: Any, grad_accum_steps: int | None = None) -> Iterator[W
 
 def adapt_windows(
     loader: Any, adapt: Callable[[Window], AdaptedWindow]
-) -> Iterator[AdaptedWindow]:
+) -> Generator[AdaptedWindow, None, None]:
     """:func:`iter_windows` of ``loader``, each window passed through ``adapt``.
 
     What the framework adapters return: closing this iterator (or leaving it early)

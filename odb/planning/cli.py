@@ -1,12 +1,13 @@
-"""The command ``python -m odb.planning``: :func:`odb.plan` for a dataset given as a factory.
+"""The command ``python -m odb.planning``: :func:`odb.plan` for a dataset named on the shell.
 
-    python -m odb.planning --dataset mypkg.data:build_train_set --world-sizes 1 8 \\
+    python -m odb.planning --dataset mypkg.data:train_set --world-sizes 1 8 \\
         --json plan.json --plot plan.png
 
-The factory is ``module:function``, called with no arguments; it returns the map-style
-dataset the loader will read (model-ready samples). Prints the table; writes the JSON
-report and, with matplotlib installed, the plot. (The function is ``odb.plan``; the
-command is ``odb.planning`` because a module named ``odb.plan`` would replace the
+``--dataset module:name`` names the map-style dataset the loader will read (model-ready
+samples): ``name`` is the dataset object itself (anything with ``__getitem__``), or a
+function (or class) called with no arguments that returns it. Prints the table; writes
+the JSON report and, with matplotlib installed, the plot. (The function is ``odb.plan``;
+the command is ``odb.planning`` because a module named ``odb.plan`` would replace the
 function on the ``odb`` package once imported.)
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +24,44 @@ from odb.planning.report import PlanReport
 from odb.planning.report import plot as plot_report
 
 
-def load_factory(spec: str) -> Callable[[], Any]:
-    """``module:function`` -> the function, or an error that says what to change."""
+def load_dataset(spec: str) -> Any:
+    """``module:name`` -> the dataset, or an error that says what to change.
+
+    ``name`` is the dataset when it has ``__getitem__`` (a dataset that is also callable
+    is still the dataset); otherwise, when callable, it is called with no arguments and
+    returns the dataset.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(f"--dataset {spec!r}: give module:function, e.g. mypkg.data:train_set")
+        raise SystemExit(f"--dataset {spec!r}: give module:name, e.g. mypkg.data:train_set")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise SystemExit(f"--dataset {spec!r}: cannot import {module_name!r}: {error}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise SystemExit(f"--dataset {spec!r}: {module_name} has no callable {attr!r}")
-    return factory
+    if not hasattr(module, attr):
+        raise SystemExit(f"--dataset {spec!r}: {module_name} has no {attr!r}")
+    found = getattr(module, attr)
+    if hasattr(found, "__getitem__") and not isinstance(found, type):
+        return found
+    if callable(found):
+        return found()
+    raise SystemExit(
+        f"--dataset {spec!r}: {module_name}.{attr} (type {type(found).__name__}) is neither a "
+        "map-style dataset (with __getitem__) nor a function that returns one; name one of those"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m odb.planning", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--dataset", required=True, help="module:function returning the dataset")
+    parser.add_argument(
+        "--dataset",
+        required=True,
+        metavar="MODULE:NAME",
+        help="the map-style dataset, e.g. mypkg.data:train_set: a dataset object, or a "
+        "function that returns one (called with no arguments)",
+    )
     parser.add_argument("--budgets", type=int, nargs="+", default=None)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=list(DEFAULT_WORLD_SIZES))
     parser.add_argument("--cutoff", type=int, default=None)
@@ -93,5 +111,5 @@ def _plot(report: PlanReport, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    report = run(load_factory(args.dataset)(), args)
+    report = run(load_dataset(args.dataset), args)
     return report.to_dict()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from odb.core.budget import GroupMeasure, TokenBudget
 from odb.core.config import ODBConfig
@@ -205,6 +206,35 @@ def _check(result: SimResult, lengths: Sequence[int], views: Sequence[Sequence[i
 # ----------------------------------------------------------------------------- metrics
 
 
+class RankSummary(TypedDict):
+    """One rank's epoch in :func:`summarize`."""
+
+    steps: int
+    real_steps: int
+    idle: int
+    padding_efficiency: float
+    mean_fill: float
+    recirculated: int
+    paced_rounds: int
+    max_age: int
+    peak_buffer_bytes: int
+
+
+class EpochSummary(TypedDict):
+    """:func:`summarize`'s epoch metrics: over all ranks, then each rank's."""
+
+    steps: int
+    rounds: int
+    tail_rounds: int
+    mean_target: float
+    padding_efficiency: float
+    mean_fill: float
+    mean_group_size: float
+    idle_steps: int
+    idle_fraction: float
+    max_age: int
+    recirculated: int
+    per_rank: list[RankSummary]
 
 
 def group_stats(groups: Sequence[Sequence[int]], budget: int) -> dict[str, float]:
@@ -220,20 +250,20 @@ def group_stats(groups: Sequence[Sequence[int]], budget: int) -> dict[str, float
     }
 
 
-def summarize(result: SimResult) -> dict[str, object]:
+def summarize(result: SimResult) -> EpochSummary:
     """Epoch metrics of a simulation, over all ranks and per rank."""
     budget = result.config.token_budget
     everything = [g for t in result.ranks for g in t.groups]
     overall = group_stats(everything, budget)
     idle = sum(t.idle for t in result.ranks)
     rank_steps = result.steps * result.world_size
-    per_rank = []
+    per_rank: list[RankSummary] = []
     for t in result.ranks:
         s = group_stats(t.groups, budget)
         per_rank.append(
             {
                 "steps": t.steps,
-                "real_steps": s["real_steps"],
+                "real_steps": int(s["real_steps"]),
                 "idle": t.idle,
                 "padding_efficiency": round(s["padding_efficiency"], 4),
                 "mean_fill": round(s["mean_fill"], 4),

@@ -54,8 +54,15 @@ def shm_entries() -> set[str]:
 
 
 def held_shm(pids: Iterable[int] | None = None) -> set[str]:
-    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open."""
+    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open.
+
+    Two ways a name is held: by the path a mapping or descriptor shows, and by inode.
+    The inode is what finds a POSIX semaphore: ``sem_open`` maps a temporary file and
+    then links it to its name, so a process holding ``sem.mp-x`` shows
+    ``/dev/shm/sem.<random> (deleted)`` in its maps, never ``sem.mp-x``.
+    """
     held: set[str] = set()
+    inodes: set[int] = set()
     prefix = SHM_DIR + "/"
     pids = _all_pids() if pids is None else pids
     for pid in pids:
@@ -65,13 +72,22 @@ def held_shm(pids: Iterable[int] | None = None) -> set[str]:
                     at = line.find(prefix)
                     if at >= 0:
                         held.add(line[at + len(prefix) :].split()[0])
+                        inodes.add(int(line.split()[4]))
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if target.startswith(prefix):
                     held.add(target[len(prefix) :].split()[0])
+                    inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
         except OSError:
             continue
-    return held
+    return held | {name for name in shm_entries() if _inode(name) in inodes}
+
+
+def _inode(name: str) -> int | None:
+    try:
+        return os.stat(os.path.join(SHM_DIR, name)).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def creator(name: str) -> int | None:

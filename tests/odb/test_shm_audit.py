@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.odb.shm_audit import SHM_DIR, ShmAudit, creator
+from tests.odb.shm_audit import SHM_DIR, ShmAudit, creator, held_shm
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
 
@@ -34,6 +34,14 @@ _multiprocessing.SemLock(1, 1, 1, f"/mp-{tag}", False)
 print(name, f"sem.mp-{tag}", flush=True)
 sys.stdin.readline()
 os._exit(0)
+"""
+
+# Makes a multiprocessing semaphore under a name, prints it, and holds it until told.
+HOLDER = """
+import sys, _multiprocessing
+lock = _multiprocessing.SemLock(1, 1, 1, f"/mp-{sys.argv[1]}", False)
+print(f"sem.mp-{sys.argv[1]}", flush=True)
+sys.stdin.readline()
 """
 
 # Forks a grandchild and exits at once: the grandchild, in a session of its own and
@@ -111,3 +119,35 @@ def test_what_other_processes_leave_meanwhile_is_not_counted(tag: str) -> None:
         Path(SHM_DIR, f"torch_1_{tag}").touch()  # a segment named for init
         assert Path(SHM_DIR, name).exists()
         assert shm.leaked(settle_s=0) == []
+
+
+def test_a_semaphore_a_live_process_holds_is_held(tag: str) -> None:
+    # sem_open maps a temporary file and links it to the name: the holder's maps show
+    # the temporary name, deleted, and only the inode ties the two.
+    holder = _python(HOLDER, tag)
+    assert holder.stdout is not None and holder.stdin is not None
+    name = holder.stdout.readline().strip()
+    try:
+        assert name in held_shm([holder.pid])
+        assert name not in held_shm([os.getpid()])
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(30) == 0
+
+
+def test_a_semaphore_another_process_holds_meanwhile_is_not_a_leak(tag: str) -> None:
+    # What another xdist worker's ranks do during an audit: make a named semaphore and
+    # hold it. Counted as a leak before held_shm looked at inodes (a failure seen in a
+    # loaded suite run of test_a_segment_still_held_is_not_a_leak).
+    with ShmAudit() as shm:
+        holder = _python(HOLDER, tag, start_new_session=True)
+        assert holder.stdout is not None and holder.stdin is not None
+        name = holder.stdout.readline().strip()
+        try:
+            assert shm.ours(name)  # a semaphore names no creator: only holding clears it
+            assert shm.leaked(settle_s=0) == []
+        finally:
+            holder.stdin.write("\n")
+            holder.stdin.close()
+            assert holder.wait(30) == 0

@@ -157,6 +157,13 @@ def _refusals(rank: int, world_size: int) -> list[str]:
         fsdp.gradient_divisor(partial)
     except ValueError as error:
         found.append(str(error))
+    # Every parameter in a sharded block, the root itself no fully_shard module.
+    unsharded_root = torch.nn.Sequential(_sharded(tiny_model()))
+    try:
+        loader = odb.ODBLoader(TokenDataset(*DATA), token_budget=96, collate_mode="thread")
+        fsdp.windows(unsharded_root, loader)
+    except ValueError as error:
+        found.append(str(error))
     return found + [_tensor_parallel_refusal(world_size)]
 
 
@@ -181,12 +188,13 @@ def _tensor_parallel_refusal(world_size: int) -> str:
 
 def test_what_it_cannot_drive_is_refused_by_name() -> None:
     found = run_ranks(_refusals, 2, timeout=120)[0]
-    assert len(found) == 5, found
+    assert len(found) == 6, found
     assert "no fully_shard state" in found[0]
     assert "set_gradient_divide_factor on every fully_shard module" in found[1]
     assert "set_all_reduce_hook" in found[2]
     assert "outside every fully_shard group" in found[3]
-    assert "data-parallel size is 1 but the loader runs on 2 ranks" in found[4]
+    assert "Sequential is no fully_shard module" in found[4]
+    assert "data-parallel size is 1 but the loader runs on 2 ranks" in found[5]
 
 
 def _reductions(rank: int, world_size: int) -> list[list[GroupReduction]]:
