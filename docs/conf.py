@@ -54,11 +54,11 @@ nitpick_ignore_regex = [
         r"|deepspeed|peft|datasets|contextlib|types)(\..*)?",
     ),
     (r"py:.*", r"odb\.(core|_process)\..*"),
-    # as annotations spell them: a torch type, type variables, a private class one
+    # as annotations spell them: torch types, type variables, a private class one
     # public function returns (odb.kit.open_rendezvous); torch's inherited docstrings
     (
         r"py:.*",
-        r"(Tensor|C|AdaptedWindow|odb\.integrations\.window\.AdaptedWindow"
+        r"(Tensor|FSDPModule|C|AdaptedWindow|odb\.integrations\.window\.AdaptedWindow"
         r"|Rendezvous|get_last_lr)",
     ),
 ]
