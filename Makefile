@@ -5,6 +5,10 @@
 #                    tests/time_budget.py)
 #   make test-budget the suite with budgets enforced, scaled by the machine's measured speed
 #   make test-quick  the inner loop: tests that start no rank processes and are not slow
+#   make docs        the docs site, warnings as errors, into docs/_build/html (also run by
+#                    make test: tests/test_docs.py)
+#   make docs-check  make docs, then screenshots of the built site in headless Chromium
+#                    (Debian's package; installed if missing, needs root): docs/docs-check.md
 # and the paper-path rehearsal (root: it starts a local two-node Slurm cluster):
 #   make rehearse    snakemake --profile slurm on the paper grid's settings, to the report
 # and LLaMA-Factory's SFT stage with ODB batches, in its own venv (older pins):
@@ -21,7 +25,7 @@ TORCH  := $(shell grep -E '^torch==' $(PINS))
 # experiments, eval, paper, bench) run from the repository root and are not installed.
 ROOT_PTH := odb-artifact-root.pth
 
-.PHONY: test test-quick test-budget reproduce rehearse setup check-llamafactory
+.PHONY: test test-quick test-budget reproduce rehearse setup check-llamafactory docs docs-check
 
 setup: $(STAMP)
 
@@ -51,6 +55,27 @@ test-budget: $(STAMP)
 # Markers in pyproject.toml: dist (spawns processes), slow, slurm. docs/testing.md.
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -m "not dist and not slow and not slurm" --durations=10
+
+# The reference pages are generated from the sources at each build (docs/_ext/); a broken
+# link, a missing anchor or a reference to an undocumented name fails it.
+DOCS_OUT := docs/_build/html
+SHOTS    := docs/_static/screenshots
+CHROMIUM := chromium --headless --no-sandbox --disable-gpu --hide-scrollbars \
+	--force-device-scale-factor=1 --window-size=1280,900 --virtual-time-budget=5000
+
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html -d docs/_build/doctrees docs $(DOCS_OUT)
+	@echo "Docs site: $(DOCS_OUT)/index.html"
+
+# On demand: look at what the build made. The PNGs are committed and described in
+# docs/docs-check.md; look at them after a change to the theme or the landing page.
+docs-check: docs
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	mkdir -p $(SHOTS)
+	$(CHROMIUM) --screenshot=$(SHOTS)/landing.png "file://$(CURDIR)/$(DOCS_OUT)/index.html"
+	$(CHROMIUM) --screenshot=$(SHOTS)/odbloader.png \
+		"file://$(CURDIR)/$(DOCS_OUT)/reference/generated/odb.ODBLoader.html"
+	@echo "Screenshots: $(SHOTS)/landing.png, $(SHOTS)/odbloader.png"
 
 # PATH puts the venv first so rules' `python -m ...` lines use this environment; the CPU
 # path never touches a hub.

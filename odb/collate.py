@@ -37,8 +37,8 @@ SHARED_MIN_BYTES = 256 * 1024
 def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, in shared memory when it will cross processes.
 
-    Shared when :func:`batches_cross_processes` and it takes at least
-    :data:`SHARED_MIN_BYTES`: in an ODB collate process a reused block of its hand-off
+    Shared when ``batches_cross_processes()`` and it takes at least
+    ``SHARED_MIN_BYTES``: in an ODB collate process a reused block of its hand-off
     pool (passed to the trainer without a copy, its pages already touched), in a
     DataLoader worker new shared memory (as ``default_collate`` does). Contiguous, on the
     CPU, contents undefined.

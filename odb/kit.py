@@ -4,7 +4,7 @@ A training loop needs only :mod:`odb`. A loader that forms its batches different
 baselines in ``baselines/`` are such loaders) uses these pieces as well, so that its
 batches, figures and state follow the same rules as ODB's and compare one to one:
 
-- the shared config fields and their checks: :class:`LoaderConfig` (``ODBConfig`` and
+- the shared config fields and their checks: :class:`~odb.kit.LoaderConfig` (``ODBConfig`` and
   ``baselines.BaselineConfig`` derive from it);
 - a collated batch's check, an IDLE step's mask and its loss tokens: :func:`finish_batch`;
 - the per-epoch figures, each defined once: :class:`StepMetrics`;

@@ -8,7 +8,7 @@ epochs never share a group. Only public ``torch.distributed`` API is used.
 
 Timeouts: meeting the peers at the start of an iteration (the store connection and
 Gloo's full-mesh connect) waits at most ``init_timeout_s``; every collective after that
-at most ``align_timeout_s``. A failed collective raises :class:`AlignmentTimeoutError`
+at most ``align_timeout_s``. A failed collective raises :class:`~odb.AlignmentTimeoutError`
 saying which of three things happened: a peer left a failure note (it raised; the
 note names its rank and error), the wait timed out, or a peer's connection closed
 (it stopped iterating or died). A rank that fails calls :meth:`AlignmentGroup.
@@ -191,7 +191,7 @@ class AlignmentGroup:
     def report_failure(self, summary: str) -> None:
         """Leave a note for the peers that this rank failed, and why (best effort).
 
-        Peers whose collectives then fail read it (:meth:`_run`), so their error names
+        Peers whose collectives then fail read it (``_run``), so their error names
         the rank that failed first instead of only a closed connection.
         """
         if self._store is None or self.rendezvous is None:
@@ -204,7 +204,7 @@ class AlignmentGroup:
     def close(self) -> None:
         """Leave the group: its connections close at once, so peers stop waiting.
 
-        Idempotent; collectives after this raise :class:`AlignmentTimeoutError`. Must not
+        Idempotent; collectives after this raise :class:`~odb.AlignmentTimeoutError`. Must not
         be called while another thread is inside a collective of this group.
         """
         self._closed = True

@@ -28,6 +28,7 @@ from typing import Literal, get_args
 
 __all__ = ["CostModel", "GroupMeasure", "TokenBudget"]
 
+# How a step's tokens are counted: "padded" (longest length x samples) or "packed" (sum).
 CostModel = Literal["padded", "packed"]
 _COST_MODELS: tuple[str, ...] = get_args(CostModel)
 
@@ -36,7 +37,7 @@ _COST_MODELS: tuple[str, ...] = get_args(CostModel)
 class GroupMeasure:
     """Running size of a group: sample count, longest length, summed length and patches.
 
-    The measure is all a :class:`TokenBudget` needs to price a group, so a group can be
+    The measure is all a :class:`~odb.TokenBudget` needs to price a group, so a group can be
     grown one sample at a time without keeping its samples around.
 
     Attributes:

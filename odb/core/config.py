@@ -4,9 +4,9 @@ Every knob of a loader is a field of a frozen dataclass, checked when the object
 built, so a bad setting fails at construction with a message that names the value and
 says what to change. Nothing is read from the environment.
 
-:class:`LoaderConfig` holds the fields every loader of this project shares (ODB's and
+:class:`~odb.kit.LoaderConfig` holds the fields every loader of this project shares (ODB's and
 the baselines' in ``baselines/``: budget, accumulation window, seed, workers, label
-accounting, the private group's timeouts), validated once, here. :class:`ODBConfig`
+accounting, the private group's timeouts), validated once, here. :class:`~odb.ODBConfig`
 adds what only ODB has. :meth:`LoaderConfig.from_options` builds any of them from a
 loader's keyword options and names an unknown option by comparing it with the
 fields. Pure: imports neither torch.distributed nor multiprocessing.
@@ -58,7 +58,7 @@ def _check_bools(config: object, names: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """The fields every loader shares: ODB's (:class:`ODBConfig`) and the baselines'.
+    """The fields every loader shares: ODB's (:class:`~odb.ODBConfig`) and the baselines'.
 
     Subclasses add their own fields and extend ``__post_init__``; the shared fields are
     declared and validated here only.
@@ -227,7 +227,7 @@ def _unknown_options(unknown: list[str], fields: list[str], owner: str) -> str:
 
 @dataclass(frozen=True)
 class ODBConfig(LoaderConfig):
-    """Settings of one ODB loader: the shared :class:`LoaderConfig` fields and these.
+    """Settings of one ODB loader: the shared :class:`~odb.kit.LoaderConfig` fields and these.
 
     What each field bounds is stated here; why the defaults are what they are, with
     the measurements, is in ``docs/benchmarks.md`` (grouping, "The buffer ramp", "The
@@ -368,7 +368,7 @@ class ODBConfig(LoaderConfig):
 
     @property
     def collate_start(self) -> str:
-        """How a collate process starts: ``collate_start_method``, else fork on Linux.
+        """How a collate process starts, ``collate_start_method`` or else fork on Linux.
 
         Elsewhere the platform's own default, spawn (macOS's system libraries are not
         fork-safe). Why fork is the default on Linux: ``docs/reliability.md``, "Soak".
@@ -379,7 +379,7 @@ class ODBConfig(LoaderConfig):
 
     @property
     def round_step_cap(self) -> int:
-        """The most steps one round may emit: ``max_round_steps`` or ``queue_depth``."""
+        """The most steps one round may emit, ``max_round_steps`` or else ``queue_depth``."""
         return self.queue_depth if self.max_round_steps is None else self.max_round_steps
 
     @property

@@ -16,6 +16,7 @@ from typing import Any
 from odb.core.config import LoaderConfig
 from odb.core.loss import count_loss_tokens
 
+# The batch key under which every batch carries its StepInfo; pop_step_info removes it.
 STEP_INFO_KEY = "odb_step_info"
 
 
@@ -74,7 +75,7 @@ class StepInfo:
 
     @property
     def window_loss_tokens(self) -> int:
-        """Deprecated name of :attr:`accumulation_loss_tokens` (kept for old callers)."""
+        """Deprecated name of ``accumulation_loss_tokens`` (kept for old callers)."""
         return self.accumulation_loss_tokens
 
 

@@ -81,7 +81,7 @@ class ODBTrainerMixin(_TrainerBase):
     """ODB's training data, exact loss, schedule and resume for a ``transformers.Trainer``.
 
     Put it first among the bases (``class MyTrainer(ODBTrainerMixin, Trainer)``) and call
-    :meth:`_attach_loader` at the end of ``__init__``, once the Trainer is built. Only
+    ``_attach_loader`` at the end of ``__init__``, once the Trainer is built. Only
     training changes: evaluation and prediction are the Trainer's own.
 
     Attributes:
@@ -179,7 +179,7 @@ class ODBTrainerMixin(_TrainerBase):
         """One accumulation window, step info popped, and its ``num_items_in_batch``.
 
         ``num_items_in_batch`` is the window's ``loss_normalizer`` times the factor the
-        Trainer's ``compute_loss`` multiplies the loss by (:meth:`_loss_factor`), so the
+        Trainer's ``compute_loss`` multiplies the loss by (``_loss_factor``), so the
         loss it returns is ``sum(token losses) / loss_normalizer``. The epoch's last,
         shorter window is completed to ``num_batches`` micro-steps with zero-weight
         copies of its last batch, because the Trainer steps the optimizer only after

@@ -3,10 +3,10 @@ whether it fits in memory.
 
 :func:`plan` measures a seeded sample of a map-style dataset through its own
 ``__getitem__`` (lengths as the loader measures them) and runs ODB's real round
-protocol over them (:mod:`odb.planning.simulate`, no processes) for each candidate
+protocol over them (``odb.planning.simulate``, no processes) for each candidate
 budget and world size, against the fixed-batch Standard and the offline oracle. With a
 training step and CUDA it also searches the largest budget that fits memory
-(:mod:`odb.planning.probe`). ``python -m odb.planning`` does the same from a shell.
+(``odb.planning.probe``). ``python -m odb.planning`` does the same from a shell.
 
 Example:
     >>> report = odb.plan(dataset, world_sizes=[1, 8])  # doctest: +SKIP

@@ -33,7 +33,7 @@ class StepCost:
     """``t(step) = a + b * tokens``: ``a`` a step's fixed cost (optimizer step, gradient
     all-reduce, launches), ``b`` the cost of one token of the step's cost; any unit
     (speed-ups are ratios). The default is in token units: a step's fixed cost is the
-    work of :data:`DEFAULT_FIXED_TOKENS` tokens, an estimate for fine-tuning a
+    work of ``DEFAULT_FIXED_TOKENS`` tokens, an estimate for fine-tuning a
     multi-billion-parameter model on current GPUs (``docs/plan.md``); measure yours with
     ``odb.plan(..., probe=step)`` on the GPU, or give it. ``StepCost(0, 1)`` counts
     tokens only (padding waste alone)."""

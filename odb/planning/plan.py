@@ -61,9 +61,9 @@ def plan(
         step_cost: ``t(step) = a + b * tokens``; default measured by the probe when it
             runs, else ``StepCost()`` (:class:`odb.planning.forecast.StepCost`).
         short_threshold: Length under which a sample counts as short (f_s).
-        length_fn: patches_fn: config: **options: As for :class:`odb.ODBLoader`
+        length_fn, patches_fn, config, options: As for :class:`odb.ODBLoader`
             (``token_budget`` is replaced by each candidate budget).
-        probe: Your training step (``step(batch)``) or a :class:`MemoryProbe`: on CUDA
+        probe: Your training step (``step(batch)``) or a :class:`~odb.planning.MemoryProbe`: on CUDA
             the largest budget whose worst batches fit memory is searched.
         progress: A progress line on stderr while reading.
     """

@@ -110,7 +110,7 @@ def search_budget(
 
     Args:
         run_budget: Runs the worst batches of one budget; returns ``(seconds, tokens)``
-            of each, or raises an out-of-memory error (:func:`is_out_of_memory`).
+            of each, or raises an out-of-memory error (``is_out_of_memory``).
         step: The grid's spacing in tokens (the search's resolution).
         max_budget: The largest budget tried.
         headroom: Share of the limit kept free, in ``[0, 1)``.
