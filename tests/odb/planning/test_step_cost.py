@@ -204,3 +204,21 @@ def test_the_model_report_passes_the_schema() -> None:
                       model="2b", gpu="a100", strategy="fsdp")  # fmt: skip
     jsonschema.validate(json.loads(json.dumps(report.to_dict())), schema)
     assert isinstance(StepModel(setup()).describe(), str)
+
+
+def test_the_command_uses_a_config_path_and_the_gpu(tmp_path: Path) -> None:
+    from odb.planning.cli import main
+
+    big = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(big))
+    base = ["--dataset", "tests.odb.planning.test_cli:spread_dataset", "--world-sizes", "8",
+            "--budgets", "8192", "--samples", "0"]  # fmt: skip
+    speedups = {}
+    for model, device in ((str(tmp_path), "h100"), (str(tmp_path), "a100"), ("2b", "h100")):
+        report = main([*base, "--model", model, "--gpu", device])
+        assert "step-cost model" in report["step_cost"]["source"]
+        speedups[model, device] = report["rows"][0]["speedup_vs_standard"]
+    assert len(set(speedups.values())) == 3, speedups
+    generic = main(base)
+    assert "generic cost" in generic["step_cost"]["source"]
