@@ -88,6 +88,7 @@ def _odb_indices(
     return out
 
 
+@lru_cache(maxsize=256)
 def schedule(
     samples: Samples,
     method: str,
@@ -97,7 +98,8 @@ def schedule(
     batch_size: int = 1,
     seed: int = 0,
 ) -> Schedule:
-    """The cost model's :data:`~odb.planning.step_cost.Schedule` of ``method``."""
+    """The cost model's :data:`~odb.planning.step_cost.Schedule` of ``method`` (cached:
+    cells that differ only in model, mode or loader options share it; read it only)."""
     plan = plan_indices(method, samples.lengths, world_size, budget=budget,
                         batch_size=batch_size, seed=seed)  # fmt: skip
     return [[[(samples.lengths[i], samples.images[i]) for i in step] for step in rank]
