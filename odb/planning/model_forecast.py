@@ -4,8 +4,9 @@
 The same steps as :mod:`odb.planning.forecast` (the loader's own round protocol for ODB,
 the loader's views for Standard, global sort for the oracle), each step timed from the
 lengths and vision patches of its samples instead of its token count. A sample's
-measured patches count as one image's (its vision attention is then an upper bound when
-a sample holds several images).
+measured patches (``patches_fn``: vision patches before the merge) count as one image's
+(its vision attention is then an upper bound when a sample holds several images); with
+none measured, the vision tower costs nothing beyond the image tokens' text cost.
 """
 
 from __future__ import annotations
