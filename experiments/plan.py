@@ -5,9 +5,10 @@ For every training cell of the grid the plan loads the run config its job will l
 (the same layers and overrides, through ``experiments.train.config_files.load_config``) and
 reports the settings that decide its cost and its numbers, each beside where the value
 comes from (:data:`SOURCES`: the paper's text, the authors' LLaMA-Factory recipe, or our
-stated choice). It counts the jobs per rule and estimates GPU-hours per cell from the
-paper's published samples/s (:data:`PUBLISHED_RATES`), stated as an estimate: a cell
-without a published rate of its own borrows the nearest one and says which.
+stated choice). It counts the jobs per rule and predicts every cell's samples/s and GPU-hours with
+the step-cost model over the cell's own samples, method, budget, model, mode and ranks
+(:mod:`experiments.plan_cost`), the paper's published rate beside it where one exists
+(:data:`PUBLISHED_RATES`), and the total with the range the held-out errors give.
 
     snakemake --profile slurm plan      # results/paper/PLAN.md and PLAN.json
     python -m experiments.plan --config-json "$(cat cfg.json)" --out-dir results/paper
@@ -24,6 +25,7 @@ from typing import Any
 
 from experiments.grid import build_grid
 from experiments.grid_cells import Grid
+from experiments.plan_cost import MODELS, cell_samples, heldout_range, predict
 
 # Where each planned setting's value comes from. "paper" = the ODB paper's text;
 # "recipe" = the authors' LLaMA-Factory recipe (odb-example-llamafactory,
@@ -65,9 +67,6 @@ DATASET_RECORDS = {
     "sharegpt4o": 57_300,   # LLaVA-OneVision-Data sharegpt4o, "57.3K" (its paper's table)
     "mmmix": 206_526,       # the public mix (config data.mm_mix.records)
 }
-# Methods at least as fast as Standard in the paper: without a rate of their own they
-# borrow Standard's (an upper bound on their time); ODB's variants borrow ODB's.
-BORROW = {"sorted": "standard", "gmt": "standard", "bmt": "standard", "packing": "standard"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,8 @@ class Estimate:
     gpu_hours: float | None
     wall_hours: float | None
     basis: str
+    samples_per_s: float | None = None
+    published_samples_per_s: float | None = None
 
 
 def cell_settings(grid: Grid, name: str) -> dict[str, Any]:
@@ -106,38 +107,32 @@ def cell_settings(grid: Grid, name: str) -> dict[str, Any]:
         else None,
         "max_samples": cfg.data.max_samples, "holdout_samples": cfg.data.holdout_samples,
         "runtime_min": model["runtime"],
+        "lora_rank": cfg.lora.r if cfg.mode == "lora" else None,
     }
 
 
 def estimate(grid: Grid, row: Mapping[str, Any]) -> Estimate:
-    """GPU-hours of one planned cell from the nearest published rate (per GPU, assumed
-    constant across node counts), or none where the paper publishes nothing close."""
+    """One cell's predicted samples/s and GPU-hours (the step-cost model over its own
+    samples and settings), with the paper's published rate beside it where one exists."""
     cell = grid.cells[row["cell"]]
-    dataset = grid.variants[cell.data].dataset
-    if cell.data != dataset and not grid.variants[cell.data].augmented:
-        return Estimate(None, None, "no published rate (a synthetic leverage mix)")
-    if cell.model not in {k[1] for k in PUBLISHED_RATES}:
-        return Estimate(None, None, f"no published rate for model {cell.model}")
-    method = BORROW.get(row["method"], row["method"])
-    notes = [] if method == row["method"] else [f"{method}'s rate"]
-    key = (dataset, cell.model, method)
-    if key not in PUBLISHED_RATES:
-        other = next((k for k in PUBLISHED_RATES if k[0] == dataset and k[2] == method), None)
-        if other is None:
-            return Estimate(None, None, f"no published rate for {dataset}")
-        notes.append(f"the {other[1].upper()} rate")
-        key = other
-    rate, gpus = PUBLISHED_RATES[key]
-    if row["mode"] == "lora":
-        notes.append("the full fine-tuning rate")
-    records = row["max_samples"] or DATASET_RECORDS[dataset]
-    samples = (records - row["holdout_samples"]) * row["epochs"]
-    gpu_hours = samples / (rate / gpus) / 3600
-    wall = gpu_hours / max(1, row["nodes"] * row["gpus_per_node"])
-    basis = f"{dataset} {key[1].upper()} {key[2]}: {rate} samples/s on {gpus} GPUs"
-    if notes:
-        basis += " (borrowed: " + ", ".join(notes) + "; an upper bound)"
-    return Estimate(round(gpu_hours, 1), round(wall, 2), basis)
+    variant = grid.variants[cell.data]
+    if cell.model not in MODELS:
+        return Estimate(None, None, f"no architecture for model {cell.model}")
+    rate = predict(variant, {**row, "model_key": cell.model}, row["lora_rank"] or 8)
+    leverage = "cv" in dict(variant.tags)
+    records = grid.config["data"]["leverage_samples"] if leverage else DATASET_RECORDS[
+        variant.dataset]  # fmt: skip
+    samples = ((row["max_samples"] or records) - row["holdout_samples"]) * row["epochs"]
+    gpus = max(1, row["nodes"] * row["gpus_per_node"])
+    gpu_hours = samples / rate * gpus / 3600
+    published = None
+    paper = PUBLISHED_RATES.get((variant.dataset, cell.model, row["method"]))
+    if paper and not leverage and not variant.augmented and row["mode"] == "full" \
+            and paper[1] == gpus:  # the published run's own setting only
+        published = paper[0]
+    basis = f"step-cost model over {cell_samples(variant)[1]}"
+    return Estimate(round(gpu_hours, 1), round(gpu_hours / gpus, 2), basis, round(rate, 2),
+                    published)  # fmt: skip
 
 
 def job_counts(grid: Grid) -> dict[str, int]:
@@ -160,12 +155,19 @@ def build_plan(config: Mapping[str, Any]) -> dict[str, Any]:
     for name in grid.run_order():
         row = cell_settings(grid, name)
         est = estimate(grid, row)
-        row.update(gpu_hours=est.gpu_hours, wall_hours=est.wall_hours, estimate_basis=est.basis)
+        row.update(gpu_hours=est.gpu_hours, wall_hours=est.wall_hours, estimate_basis=est.basis,
+                   samples_per_s=est.samples_per_s,
+                   published_samples_per_s=est.published_samples_per_s)  # fmt: skip
         rows.append(row)
     known = [r["gpu_hours"] for r in rows if r["gpu_hours"] is not None]
+    errors = heldout_range()
     return {"scale": config["scale"], "hardware": config["hardware"], "sources": SOURCES,
             "jobs": job_counts(grid), "cells": rows,
             "gpu_hours": {"total_estimated": round(sum(known), 1),
+                          "range": None if errors is None else
+                          [round(sum(known) * (1 + e), 1) for e in errors],
+                          "range_from": "held-out errors of the paper's samples/s rows "
+                                        "(docs/bench/plan_heldout.json)",
                           "cells_estimated": len(known),
                           "cells_without_estimate": len(rows) - len(known)},
             "over_runtime": [r["cell"] for r in rows
@@ -174,7 +176,8 @@ def build_plan(config: Mapping[str, Any]) -> dict[str, Any]:
 
 COLUMNS = ("cell", "model", "method", "token_budget", "batch_size", "cutoff_len", "epochs",
            "lr", "grad_accum_steps", "nodes", "gpus_per_node", "save_every", "seed",
-           "prefetch_factor", "gpu_hours", "wall_hours")
+           "prefetch_factor", "samples_per_s", "published_samples_per_s", "gpu_hours",
+           "wall_hours")
 
 
 def markdown(plan: Mapping[str, Any]) -> str:
@@ -184,11 +187,13 @@ def markdown(plan: Mapping[str, Any]) -> str:
         f"# Plan: {plan['scale']} scale", "",
         f"Hardware: {plan['hardware']}. Made by `python -m experiments.plan` from the "
         "workflow config; every value below is what the cell's job will receive.", "",
-        f"**Estimated GPU-hours: {g['total_estimated']:,}** over {g['cells_estimated']} "
-        f"training cells ({g['cells_without_estimate']} without a published rate to base "
-        "one on; evaluations, caches and data jobs not included). An estimate from the "
-        "paper's published samples/s per GPU, assumed constant across node counts; not a "
-        "measurement.", "",
+        f"**Estimated GPU-hours: {g['total_estimated']:,}**{_range(g)} over "
+        f"{g['cells_estimated']} training cells ({g['cells_without_estimate']} without an "
+        "architecture to model; evaluations, caches and data jobs not included). Each "
+        "cell's samples/s is predicted by the step-cost model (odb.planning.step_cost: the "
+        "cell's model, mode, method, budget and ranks on 8x H20 a node, over its own proxy "
+        "samples), the paper's published rate beside it where one exists; an estimate, not "
+        "a measurement (docs/plan.md: the model's held-out errors).", "",
         "Jobs per rule: " + ", ".join(f"{k} {v}" for k, v in plan["jobs"].items()) + ".", "",
     ]
     if plan["over_runtime"]:
@@ -204,6 +209,13 @@ def markdown(plan: Mapping[str, Any]) -> str:
     lines += ["", "Estimate bases:", ""]
     lines += sorted({f"- {r['estimate_basis']}" for r in plan["cells"]})
     return "\n".join(lines) + "\n"
+
+
+def _range(g: Mapping[str, Any]) -> str:
+    if not g.get("range"):
+        return " (no held-out range: run python -m bench.plan_heldout)"
+    low, high = sorted(g["range"])
+    return f" (range {low:,} to {high:,} from the {g['range_from']})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.grid_cells import TABLES
-from paper import published
+from paper import heldout, published
 from paper.claims import CLAIM_RULE, FASTER, SLOWER, TOO_FEW, WITHIN_NOISE, Spread
 from paper.common import DATASET_LABEL, METHOD_LABEL, IncompleteGridError, num
 
@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         *_header(grid, args.root),
         *_missing_section(missing, args.root),
         *_claims_section(tables, grid),
+        *heldout.section(args.root),
         *_tables_section(args.paper_dir),
         "---",
         f"Methods: {', '.join(METHOD_LABEL.values())}. Every number above comes from one "

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--step-cost", type=float, nargs=2, default=None, metavar=("A", "B"))
+    parser.add_argument("--model", default=None, help="the step-cost model's: 2b, 8b or a path")
+    parser.add_argument("--gpu", default=None, help="a100, h100, h200 or h20 (with --model)")
+    parser.add_argument("--strategy", default="ddp", help="ddp, zero2 or fsdp")
     parser.add_argument("--out-dir", type=Path, default=Path("results/plan"))
     return parser.parse_args(argv)
 

@@ -28,7 +28,8 @@ rule grid_manifest:
 
 
 # The plan before the run: every cell's effective settings with their sources, jobs per
-# rule and estimated GPU-hours (experiments/plan.py). Local and quick: run it before
+# rule and GPU-hours predicted by the step-cost model, with the range its held-out errors
+# give (experiments/plan.py, experiments/plan_cost.py). Local (~30 s): run it before
 # submitting the grid, `snakemake --profile slurm plan`.
 rule plan:
     input:
@@ -36,6 +37,9 @@ rule plan:
         "experiments/grid_cells.py",
         "experiments/grid_data.py",
         "experiments/plan.py",
+        "experiments/plan_cost.py",
+        "odb/planning/step_cost.py",
+        "docs/bench/plan_heldout.json",
     output:
         md="results/paper/PLAN.md",
         json="results/paper/PLAN.json",

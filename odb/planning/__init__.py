@@ -17,5 +17,16 @@ from odb.planning.forecast import StepCost
 from odb.planning.plan import plan
 from odb.planning.probe import MemoryProbe, ProbeResult, search_budget
 from odb.planning.report import PlanReport
+from odb.planning.step_cost import Constants, Setup, StepModel
 
-__all__ = ["MemoryProbe", "PlanReport", "ProbeResult", "StepCost", "plan", "search_budget"]
+__all__ = [
+    "Constants",
+    "MemoryProbe",
+    "PlanReport",
+    "ProbeResult",
+    "Setup",
+    "StepCost",
+    "StepModel",
+    "plan",
+    "search_budget",
+]

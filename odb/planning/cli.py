@@ -1,7 +1,7 @@
 """The command ``python -m odb.planning``: :func:`odb.plan` for a dataset named on the shell.
 
     python -m odb.planning --dataset mypkg.data:train_set --world-sizes 1 8 \\
-        --json plan.json --plot plan.png
+        --model qwen3-vl-8b --gpu h100 --json plan.json --plot plan.png
 
 ``--dataset module:name`` names the map-style dataset the loader will read (model-ready
 samples): ``name`` is the dataset object itself (anything with ``__getitem__``), or a
@@ -70,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds of reading")
     parser.add_argument("--step-cost", type=float, nargs=2, default=None, metavar=("A", "B"))
     parser.add_argument("--short-threshold", type=int, default=DEFAULT_SHORT_THRESHOLD)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="qwen3-vl-2b, qwen3-vl-8b, llama-3.1-8b or an HF config.json path",
+    )
+    parser.add_argument("--gpu", default=None, help="a100, h100, h200 or h20 (with --model)")
+    parser.add_argument("--strategy", default="ddp", help="ddp, zero2 or fsdp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="report to write")
     parser.add_argument("--plot", type=Path, default=None, help="PNG to write")
@@ -88,6 +95,9 @@ def run(dataset: Any, args: argparse.Namespace, **options: Any) -> PlanReport:
         time_limit_s=args.time_limit,
         step_cost=None if args.step_cost is None else StepCost(*args.step_cost),
         short_threshold=args.short_threshold,
+        model=args.model,
+        gpu=args.gpu,
+        strategy=args.strategy,
         seed=args.seed,
         **options,
     )

@@ -23,7 +23,9 @@ from itertools import zip_longest
 from odb.core.budget import GroupMeasure, TokenBudget
 from odb.core.config import ODBConfig
 from odb.core.grouping import SizedSample, form_groups
+from odb.planning.model_forecast import model_epochs
 from odb.planning.simulate import round_robin_views, simulate, summarize
+from odb.planning.step_cost import StepModel
 
 DEFAULT_FIXED_TOKENS = 1000
 
@@ -84,20 +86,25 @@ def forecast_row(
     world_size: int,
     *,
     cutoff: int,
-    step_cost: StepCost,
+    step_cost: StepCost | StepModel,
     nbytes: Sequence[int] | None = None,
     patches: Sequence[int] | None = None,
 ) -> dict[str, float | int]:
-    """One budget x world size: ODB's epoch against Standard's and the oracle's."""
+    """One budget x world size: ODB's epoch against Standard's and the oracle's (times in
+    ``step_cost``'s units; seconds under a :class:`~odb.planning.step_cost.StepModel`)."""
     sim = simulate(
         lengths, config, world_size=world_size, sample_bytes=nbytes, sample_patches=patches
     )
     odb = summarize(sim)  # over every rank: the loader's stats() summed
     budget = config.budget
-    odb_s = step_cost.epoch_seconds([r.costs for r in sim.ranks])
     standard = standard_costs(lengths, config.token_budget, cutoff, world_size, config)
     oracle = oracle_costs(lengths, budget, world_size)
-    standard_s = step_cost.epoch_seconds(standard)
+    if isinstance(step_cost, StepModel):
+        odb_s, standard_s, oracle_s = model_epochs(step_cost, sim, lengths, patches, cutoff)
+    else:
+        odb_s = step_cost.epoch_seconds([r.costs for r in sim.ranks])
+        standard_s = step_cost.epoch_seconds(standard)
+        oracle_s = step_cost.epoch_seconds(oracle)
     real_steps = odb["steps"] * world_size - odb["idle_steps"]
     real_tokens = sum(sum(group) for rank in sim.ranks for group in rank.groups)
     padded_tokens = sum(sum(rank.costs) for rank in sim.ranks)
@@ -119,7 +126,7 @@ def forecast_row(
         "oracle_padding_efficiency": _oracle_efficiency(lengths, budget),
         "epoch_cost": round(odb_s, 6),
         "standard_epoch_cost": round(standard_s, 6),
-        "oracle_epoch_cost": round(step_cost.epoch_seconds(oracle), 6),
+        "oracle_epoch_cost": round(oracle_s, 6),
         "speedup_vs_standard": round(standard_s / odb_s, 4) if odb_s else 0.0,
     }
 

@@ -6,6 +6,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,9 +16,13 @@ from odb.core.config import ODBConfig
 from odb.core.steps import SampleMeter
 from odb.planning.advice import recommend, uniform_verdict, warnings_for
 from odb.planning.forecast import StepCost, forecast_row, length_stats
+from odb.planning.hardware import gpu as gpu_named
 from odb.planning.measure import Measured, check_factory_result, measure, sample_indices
+from odb.planning.model_forecast import probe_constants
+from odb.planning.models import architecture
 from odb.planning.probe import NO_CUDA, MemoryProbe, fit_step_cost
 from odb.planning.report import PlanReport
+from odb.planning.step_cost import FITTED_ON, Setup, StepModel
 
 DEFAULT_WORLD_SIZES = (1, 2, 4, 8)
 DEFAULT_SHORT_THRESHOLD = 256  # f_s: under 256 tokens, as the artifact's proxies count it
@@ -39,6 +44,9 @@ def plan(
     probe: MemoryProbe | Callable[[Any], Any] | None = None,
     progress: bool = True,
     config: ODBConfig | None = None,
+    model: str | Path | None = None,
+    gpu: str | None = None,
+    strategy: str = "ddp",
     **options: Any,
 ) -> PlanReport:
     """Measure a seeded sample of ``dataset`` as the loader would, and forecast ODB.
@@ -66,6 +74,13 @@ def plan(
         probe: Your training step (``step(batch)``) or a :class:`~odb.planning.MemoryProbe`: on CUDA
             the largest budget whose worst batches fit memory is searched.
         progress: A progress line on stderr while reading.
+        model: gpu: strategy: Time steps with the architecture-based cost model
+            (:mod:`odb.planning.step_cost`): ``model`` a table name (``qwen3-vl-2b``,
+            ``qwen3-vl-8b``, ``llama-3.1-8b``) or an HF ``config.json`` path, ``gpu`` one of
+            ``a100``, ``h100``, ``h200``, ``h20``, ``strategy`` ``ddp``, ``zero2`` or
+            ``fsdp`` (8 GPUs a node). Both or neither of ``model`` and ``gpu``; with the
+            probe on CUDA its timed steps refit the model's two constants. Without them
+            (and without ``step_cost``) the speed-up assumes a generic cost.
     """
     _check_args(world_sizes, num_samples, time_limit_s, short_threshold, cutoff, budgets)
     check_callables(length_fn=length_fn, patches_fn=patches_fn)
@@ -78,11 +93,37 @@ def plan(
                        progress=sys.stderr if progress else None)  # fmt: skip
     cutoff = max(measured.lengths) if cutoff is None else cutoff
     budgets = _budgets(budgets, cutoff)
+    setup = _setup(model, gpu, strategy)
     probed, fitted = _probe(dataset, measured, memory_probe, max(budgets))
-    cost = step_cost or fitted or StepCost()
-    rows = _rows(measured, base, budgets, world_sizes, cutoff, cost)
+    cost: StepCost | StepModel = step_cost or fitted or StepCost()
     source = _cost_source(step_cost, fitted)
+    if setup is not None and step_cost is None:
+        cost, source = _model_cost(setup, probed, measured)
+    rows = _rows(measured, base, budgets, world_sizes, cutoff, cost)
     return _report(measured, rows, short_threshold, cutoff, base, cost, source, probed)
+
+
+def _setup(model: str | Path | None, gpu: str | None, strategy: str) -> Setup | None:
+    if (model is None) != (gpu is None):
+        raise ValueError(
+            f"give model and gpu together (got model={model!r}, gpu={gpu!r}): "
+            "the step-cost model needs both"
+        )
+    if model is None or gpu is None:
+        return None
+    return Setup(architecture(model), gpu_named(gpu), strategy)
+
+
+def _model_cost(
+    setup: Setup, probed: dict[str, Any] | None, measured: Measured
+) -> tuple[StepModel, str]:
+    """The architecture-based cost; its constants refitted from the probe's timings."""
+    if probed is not None and probed.get("ran"):
+        fitted = probe_constants(probed["tries"], max(measured.lengths), min(measured.lengths),
+                                 setup)  # fmt: skip
+        if fitted is not None:
+            return StepModel(setup, fitted), "the step-cost model, constants fitted by the probe"
+    return StepModel(setup), f"the step-cost model, constants fitted on {FITTED_ON}"
 
 
 def _rows(
@@ -91,7 +132,7 @@ def _rows(
     budgets: Sequence[int],
     world_sizes: Sequence[int],
     cutoff: int,
-    cost: StepCost,
+    cost: StepCost | StepModel,
 ) -> list[dict[str, Any]]:
     return [
         forecast_row(measured.lengths, replace(base, token_budget=b), w, cutoff=cutoff,
@@ -113,11 +154,22 @@ def _report(measured, rows, short_threshold, cutoff, base, cost, source, probed)
         recommendation=recommend(rows, None if probed is None else probed.get("safe_budget")),
         warnings=warnings_for(rows, stats) + _probe_warnings(probed),
         assumptions=_assumptions(measured, cost, base),
-        step_cost={"a": cost.a, "b": cost.b, "source": source},
+        step_cost=_cost_dict(cost, source),
         probe=probed,
         worth_it=uniform_verdict(rows, stats) is None,
         config={k: v for k, v in asdict(base).items() if k != "token_budget"},
     )
+
+
+def _cost_dict(cost: StepCost | StepModel, source: str) -> dict[str, Any]:
+    if isinstance(cost, StepModel):
+        return {
+            "model": cost.describe(),
+            "peak_mfu": cost.constants.peak_mfu,
+            "step_overhead_s": cost.constants.step_overhead_s,
+            "source": source,
+        }
+    return {"a": cost.a, "b": cost.b, "source": source}
 
 
 def _check_args(world_sizes, num_samples, time_limit_s, short_threshold, cutoff, budgets) -> None:
@@ -194,13 +246,31 @@ def _cost_source(given: StepCost | None, fitted: StepCost | None) -> str:
         return "given"
     if fitted is not None:
         return "measured by the probe"
-    return "default: a step's fixed cost = the work of 1000 tokens (docs/plan.md)"
+    return (
+        f"{GENERIC}: a step's fixed cost = the work of 1000 tokens, whatever the model "
+        "and GPU; give model= and gpu= for the step-cost model (docs/plan.md)"
+    )
 
 
-def _assumptions(measured: Measured, cost: StepCost, base: ODBConfig) -> list[str]:
-    out = [
+GENERIC = "generic cost, not your model or GPU"
+
+
+def _cost_assumption(cost: StepCost | StepModel, base: ODBConfig) -> str:
+    if isinstance(cost, StepModel):
+        return (
+            f"step time from the step-cost model: {cost.describe()}; the costliest "
+            "rank's step; IDLE steps cost the per-step part (docs/plan.md)"
+        )
+    generic = f" ({GENERIC}: the speed-up assumes it)" if cost == StepCost() else ""
+    return (
         f"step time = {cost.a:g} + {cost.b:g} x tokens of the costliest rank's step "
-        f"({base.cost_model} cost); IDLE steps cost the fixed part {cost.a:g}",
+        f"({base.cost_model} cost); IDLE steps cost the fixed part {cost.a:g}{generic}"
+    )
+
+
+def _assumptions(measured: Measured, cost: StepCost | StepModel, base: ODBConfig) -> list[str]:
+    out = [
+        _cost_assumption(cost, base),
         "the loader's own round protocol over the measured lengths (no processes); "
         "the seed, views and buffer settings are the loader's",
     ]
