@@ -54,7 +54,13 @@ def shm_entries() -> set[str]:
 
 
 def held_shm(pids: Iterable[int] | None = None) -> set[str]:
-    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open."""
+    """``/dev/shm`` names that processes ``pids`` (default: all) map or hold open.
+
+    A descriptor closed between the listing of ``/proc/<pid>/fd`` and its read is
+    skipped alone, not the process's others: the test process itself opens and closes
+    files all the time (the recorder thread reads ``/proc``), and skipping the rest of
+    its descriptors then missed a segment it held (a false leak under load).
+    """
     held: set[str] = set()
     prefix = SHM_DIR + "/"
     pids = _all_pids() if pids is None else pids
@@ -65,12 +71,16 @@ def held_shm(pids: Iterable[int] | None = None) -> set[str]:
                     at = line.find(prefix)
                     if at >= 0:
                         held.add(line[at + len(prefix) :].split()[0])
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix):
-                    held.add(target[len(prefix) :].split()[0])
-        except OSError:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # the process ended, or is not ours to read
             continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed since the listing
+                continue
+            if target.startswith(prefix):
+                held.add(target[len(prefix) :].split()[0])
     return held
 
 
