@@ -42,7 +42,7 @@ def tasks() -> dict[int, str]:
         try:
             with open(f"/proc/self/task/{task}/comm") as comm:
                 names[int(task)] = comm.read().strip()
-        except FileNotFoundError:  # the thread ended while listed
+        except OSError:  # the thread ended while listed: ENOENT, or ESRCH while it exits
             continue
     return names
 
