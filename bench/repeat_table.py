@@ -3,7 +3,9 @@
     python -m bench.repeat_table results/repeats/*.json
 
 One row per selection (file): module, repeats, failures, hangs, load (busy processes
-beside it), wall time per repeat (min-max). Accepts both a per-module file (``--out-dir``)
+the campaign started beside it, and the machine's 1-minute load average at the repeats'
+ends, min-max: on a shared machine ``--load 0`` is not idle), wall time per repeat
+(min-max). Accepts both a per-module file (``--out-dir``)
 and a whole run's document (``--out``, its ``selections``).
 """
 
@@ -29,13 +31,19 @@ def table(results: list[dict[str, Any]]) -> str:
         walls = r.get("wall_s_per_repeat") or [0.0]
         lines.append(
             f"| `{' '.join(r['selection'])}` | {r['repeats_run']} | {r['failures']} | "
-            f"{r['hangs']} | {_load(r.get('load', 0))} | {min(walls):.0f}-{max(walls):.0f} |"
+            f"{r['hangs']} | {_load(r)} | {min(walls):.0f}-{max(walls):.0f} |"
         )
     return "\n".join(lines)
 
 
-def _load(n: int) -> str:
-    return "idle" if n == 0 else f"{n} busy"
+def _load(result: dict[str, Any]) -> str:
+    loads = result.get("load_average_1min_per_repeat") or [
+        result.get("machine", {}).get("load_average_1_5_15", [None])[0]
+    ]
+    busy = f"{result.get('load', 0)} busy"
+    if None in loads:
+        return busy
+    return f"{busy}, load avg {min(loads):.1f}-{max(loads):.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

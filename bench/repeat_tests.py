@@ -21,6 +21,7 @@ first failure or hang (the "20 in a row" rule).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,12 +77,14 @@ def repeat(
     """
     tally: dict[str, Counter] = defaultdict(Counter)
     walls: list[float] = []
+    loads: list[float] = []
     failures, hangs, kept = 0, 0, []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(times):
             junit, log = Path(tmp) / f"run{k}.xml", Path(tmp) / f"run{k}.log"
             code, wall = run_limited(pytest_command(selection, junit, limit_s), limit_s, log)
             walls.append(wall)
+            loads.append(round(os.getloadavg()[0], 1))  # the machine may be shared
             outcomes = parse_junit(junit) if code is not None and junit.exists() else {}
             for test_id, outcome in outcomes.items():
                 tally[test_id][outcome] += 1
@@ -108,6 +111,7 @@ def repeat(
         all_passed_every_time=failures == 0 and hangs == 0,
         per_test=per_test,
         wall_s_per_repeat=walls,
+        load_average_1min_per_repeat=loads,
         logs=kept,
     )
 
