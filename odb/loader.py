@@ -22,7 +22,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 
 from odb._process.collate_sources import is_stream
 from odb._process.messages import CollateSpec, EpochJob
-from odb._process.rendezvous import open_rendezvous
+from odb._process.rendezvous import StoreHost, open_rendezvous
 from odb._process.trainer_runner import CollateRunner, RunnerKeeper
 from odb._process.trainer_startup import check_startable
 from odb.collate import PadCollate, TensorParts
@@ -116,9 +116,10 @@ class ODBLoader:
         self._progress = EpochProgress()
         self._iterations = 0
         self._last_stats: dict[str, float | int] = {}
-        # One collate side for all epochs; it ends with the loader (or the interpreter).
+        # One collate side for all epochs; it ends with close(), the loader's finalizer
+        # or the interpreter's exit hook (odb._process.trainer_runner), collate side first.
         self._runner_keeper = RunnerKeeper(self._spec, self.config, self.rank)
-        weakref.finalize(self, self._runner_keeper.close)
+        self._closer = weakref.finalize(self, _release, self._runner_keeper, self._store_host)
 
     @property
     def epoch(self) -> int:
@@ -248,7 +249,21 @@ class ODBLoader:
         """
         self._runner_keeper.start(self._rendezvous)
 
+    def close(self) -> None:
+        """Stop the collate side and free what the loader holds natively; idempotent.
+
+        In a fixed order: the collate side (an iterator still running included; its
+        thread or process leaves the alignment group, whose Gloo threads end), then, on
+        rank 0 with more than one rank, the rendezvous store's server (its thread is
+        joined). Call it on every rank once done with the loader (after the last epoch
+        on all ranks: a peer still iterating fails, as after a ``break``). Without it,
+        the loader's finalizer or the interpreter's exit hook does the same.
+        """
+        self._closer()
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._closer.alive:
+            raise RuntimeError("ODBLoader.close() was called: build a new loader to iterate again")
         job = self._stream_job() if self._stream else self._map_job()
         self._iterations += 1
         runner = self._runner_keeper.take(self._rendezvous)
@@ -318,6 +333,13 @@ class ODBLoader:
         self._last_stats = dict(
             result.metrics, data_wait_s=wait_s, epoch=self.epoch, carried=len(result.carry)
         )
+
+
+def _release(keeper: RunnerKeeper, store_host: StoreHost | None) -> None:
+    """The loader's native parts, freed in order: collate side first, then the store."""
+    keeper.close()
+    if store_host is not None:
+        store_host.close()
 
 
 def _check_dataset(dataset: Any) -> None:

@@ -62,10 +62,10 @@ class Heartbeat:
 class _BeatingGroup(AlignmentGroup):
     """The alignment group, beating after every completed collective.
 
-    A collective is never started once the trainer asked the collate side to stop, and
-    the reads ahead inside a pending one end (:class:`_Stopped`): the stopping rank then
-    leaves the group, which ends its peers' collectives at once (a peer still iterating
-    raises that this rank's collate side is gone, as after any early stop).
+    No collective starts once the trainer asked the collate side to stop, the reads
+    ahead inside a pending one end (:class:`_Stopped`), and one that fails reads no
+    failure notes: the stopping rank leaves the group, which ends its peers' pending
+    collectives at once (a peer still iterating raises that this rank is gone).
     """
 
     def __init__(
@@ -74,6 +74,9 @@ class _BeatingGroup(AlignmentGroup):
         super().__init__(rendezvous, prefix)
         self.heartbeat = heartbeat
         self.stop = stop
+
+    def stop_requested(self) -> bool:
+        return bool(self.stop.is_set())
 
     def gather_source_rows(self, row: list[int]) -> list[list[int]]:
         _check_stop(self.stop)
@@ -254,11 +257,9 @@ def _open(spec: CollateSpec, job: EpochJob) -> tuple[Iterator[tuple[int, Any]], 
 
 
 class _HeldBatches:
-    """Bytes of the batches a collate thread handed to the trainer, until freed there.
-
-    A batch counts until its first tensor field is freed (a weak-reference finalizer,
-    run by whichever thread drops it); a batch without one is not counted.
-    """
+    """Bytes of the batches a collate thread handed to the trainer, until freed there:
+    until a batch's first tensor field is freed (a weak-reference finalizer, run by
+    whichever thread drops it); a batch without one is not counted."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # a finalizer may run inside track()'s thread

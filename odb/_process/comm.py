@@ -86,6 +86,8 @@ class AlignmentGroup:
     def __init__(self, rendezvous: Rendezvous | None, prefix: str) -> None:
         self.rendezvous = rendezvous
         self.bytes_sent = 0
+        # Reads of the peers' failure notes so far (each a look at every peer's key).
+        self.note_reads = 0
         self._pg: dist.ProcessGroupGloo | None = None
         self._store: SignedStore | None = None
         self._closed = False
@@ -218,6 +220,7 @@ class AlignmentGroup:
         forged: list[str] = []
         if self._store is None or self.rendezvous is None:
             return notes, forged
+        self.note_reads += 1
         try:
             self._store.set_timeout(datetime.timedelta(seconds=_NOTE_TIMEOUT_S))
             for rank in range(self.rendezvous.world_size):
@@ -232,15 +235,28 @@ class AlignmentGroup:
             pass
         return notes, forged
 
+    def stop_requested(self) -> bool:
+        """Whether this rank was asked to stop (its trainer closed it, ``break``, exit).
+
+        A failed collective then reads no notes: why the peers stopped is no news to a
+        rank that is stopping itself. Never, here; the collate side's group says.
+        """
+        return False
+
     def _wait_for_notes(self, wait_s: float) -> tuple[list[str], list[str]]:
         """:meth:`_failed_peers`, waiting up to ``wait_s`` for a first note or refusal.
 
         A peer whose connection closed because its collate process died has its note
         left by its trainer a moment later; one that stopped early (``break``) leaves
-        none, and this rank's error then comes ``wait_s`` later.
+        none, and this rank's error then comes ``wait_s`` later. None is read once this
+        rank is asked to stop (:meth:`stop_requested`), also midway through the wait.
         """
+        found: tuple[list[str], list[str]] = ([], [])
         deadline = time.monotonic() + wait_s
-        while not any(found := self._failed_peers()) and time.monotonic() < deadline:
+        while not self.stop_requested():
+            found = self._failed_peers()
+            if any(found) or time.monotonic() >= deadline:
+                break
             time.sleep(_NOTE_POLL_S)
         return found
 

@@ -16,6 +16,7 @@ import hmac
 import os
 import secrets
 import socket
+import weakref
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -41,11 +42,14 @@ class Rendezvous:
 
 
 class StoreHost:
-    """Rank 0's ``TCPStore`` server, alive as long as the loader that owns it.
+    """Rank 0's ``TCPStore`` server, alive until :meth:`close` (the loader's close, its
+    finalizer or the exit hook, after the collate sides have stopped).
 
     ``loopback``: listen on 127.0.0.1 only (every rank on this host); otherwise on every
     interface, as torch's own store does (torch offers no way to name one and still
-    reach a host name's other addresses).
+    reach a host name's other addresses). The server runs in a native thread
+    (``pt_tcpstore_uv``) that ends when the store is freed: :meth:`close` frees it, so
+    the thread is joined then, not whenever the interpreter finalizes.
     """
 
     def __init__(self, host: str, timeout_s: float, loopback: bool = False) -> None:
@@ -56,7 +60,7 @@ class StoreHost:
             listener.listen(128)
             host = "127.0.0.1"
         self.host = host
-        self.store = dist.TCPStore(
+        store = dist.TCPStore(
             host,
             listener.getsockname()[1] if listener is not None else 0,
             is_master=True,
@@ -64,7 +68,33 @@ class StoreHost:
             timeout=datetime.timedelta(seconds=timeout_s),
             master_listen_fd=listener.detach() if listener is not None else None,
         )
-        self.port = self.store.port
+        self.port = store.port
+        self.store: dist.TCPStore | None = store
+        _LIVE_HOSTS.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self.store is None
+
+    def close(self) -> None:
+        """Stop the server now (idempotent): its thread is joined before this returns.
+
+        Clients still connected (a peer rank that has not stopped) fail their next
+        request; every rank's collate side has stopped by the time the exit hook calls
+        this, and a loader's :meth:`~odb.loader.ODBLoader.close` stops its own first.
+        """
+        store, self.store = self.store, None
+        _LIVE_HOSTS.discard(self)
+        del store  # the only reference: the server thread is joined in its destructor
+
+
+_LIVE_HOSTS: weakref.WeakSet[StoreHost] = weakref.WeakSet()
+
+
+def close_store_hosts() -> None:
+    """Close every :class:`StoreHost` still open in this process (the exit hook's last step)."""
+    for host in list(_LIVE_HOSTS):
+        host.close()
 
 
 _FORGED = "that this job's ranks did not write"

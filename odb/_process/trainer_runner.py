@@ -44,7 +44,7 @@ from typing import Any
 from odb._process.comm import AlignmentTimeoutError
 from odb._process.diagnostics import describe_descendants
 from odb._process.messages import CollateSpec, EpochJob, EpochResult
-from odb._process.rendezvous import Rendezvous
+from odb._process.rendezvous import Rendezvous, close_store_hosts
 from odb._process.trainer_transport import Transport, open_transport
 from odb.core.config import ODBConfig
 
@@ -67,11 +67,14 @@ def _close_live_runners() -> None:
     # All are told first, so their stops overlap (a collate thread's peers stop too);
     # then each is joined (a thread until it has ended: none may run at finalization).
     # Idempotent: it also runs as a multiprocessing finalizer (_register_exit_finalizer).
+    # Last, the rendezvous stores this process hosts (rank 0): once no collate side of
+    # this process uses them, their server threads are joined before finalization.
     runners = list(_LIVE_RUNNERS)
     for runner in runners:
         runner.request_stop()
     for runner in runners:
         runner.close(timeout_s=1.0)
+    close_store_hosts()
 
 
 def _register_exit_finalizer() -> None:
@@ -268,6 +271,7 @@ class RunnerKeeper:
     def __init__(self, spec: CollateSpec, config: ODBConfig, rank: int) -> None:
         self._spec, self._config, self._rank = spec, config, rank
         self._kept: CollateRunner | None = None
+        self._lent: weakref.ReferenceType[CollateRunner] | None = None
 
     def take(self, rendezvous: Rendezvous | None) -> CollateRunner:
         """A runner ready for :meth:`CollateRunner.begin`."""
@@ -281,7 +285,9 @@ class RunnerKeeper:
             )
             runner.close()
             runner = None
-        return runner or CollateRunner(self._spec, self._config, self._rank, rendezvous)
+        runner = runner or CollateRunner(self._spec, self._config, self._rank, rendezvous)
+        self._lent = weakref.ref(runner)
+        return runner
 
     def start(self, rendezvous: Rendezvous | None) -> None:
         """Start the next epoch's runner now unless one is kept (its start-up runs meanwhile)."""
@@ -296,7 +302,9 @@ class RunnerKeeper:
             self._kept = runner
 
     def close(self) -> None:
-        """Stop the kept runner, if any (idempotent)."""
-        runner, self._kept = self._kept, None
-        if runner is not None:
-            runner.close(timeout_s=2.0)
+        """Stop the kept runner and the one lent to an iterator still running (idempotent)."""
+        lent = self._lent() if self._lent is not None else None
+        runner, self._kept, self._lent = self._kept, None, None
+        for one in (lent, runner):
+            if one is not None:
+                one.close(timeout_s=2.0)

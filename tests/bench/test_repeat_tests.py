@@ -1,13 +1,17 @@
-"""``bench.repeat_tests`` tallies each test's outcome over real, repeated pytest runs."""
+"""``bench.repeat_tests`` counts failures, hangs and each test's outcome over real,
+repeated pytest runs; ``bench.repeat_table`` tabulates them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 
-from bench.repeat_tests import main
+from bench._repeat_run import Load
+from bench.repeat_table import main as table_main
+from bench.repeat_tests import main, marked_modules
 
 FLAKY = """
 import os, pathlib, pytest
@@ -26,6 +30,17 @@ def test_skipped():
     pass
 """
 
+HANGS = """
+import os, pathlib, time
+
+def test_hangs_the_second_time():
+    marker = pathlib.Path(os.environ["REPEAT_MARKER"])
+    first = not marker.exists()
+    marker.touch()
+    if not first:
+        time.sleep(600)
+"""
+
 
 # Real pytest runs, one interpreter each (~3 s idle); the quick tier keeps the next test.
 @pytest.mark.slow
@@ -35,8 +50,9 @@ def test_counts_outcomes_per_test_over_repeats(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
     out = tmp_path / "result.json"
     code = main([str(test_file), "--times", "3", "--out", str(out)])
-    result = json.loads(out.read_text())
+    (result,) = json.loads(out.read_text())["selections"]
     assert code == 1 and result["repeats_run"] == 3 and not result["all_passed_every_time"]
+    assert (result["failures"], result["hangs"]) == (2, 0)
     by_name = {k.rsplit("::", 1)[1]: v for k, v in result["per_test"].items()}
     assert by_name["test_always"]["passed"] == 3
     assert by_name["test_second_run_fails"] == dict(passed=1, failed=2, error=0, skipped=0)
@@ -49,4 +65,57 @@ def test_stop_on_failure_ends_at_first_red_run(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
     out = tmp_path / "result.json"
     assert main([str(test_file), "--times", "5", "--stop-on-failure", "--out", str(out)]) == 1
-    assert json.loads(out.read_text())["repeats_run"] == 2
+    assert json.loads(out.read_text())["selections"][0]["repeats_run"] == 2
+
+
+@pytest.mark.slow
+def test_a_repeat_past_its_limit_is_a_hang_with_its_stacks_kept(
+    tmp_path: Path, monkeypatch
+) -> None:
+    test_file = tmp_path / "test_hang.py"
+    test_file.write_text(HANGS)
+    monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
+    out_dir = tmp_path / "repeats"
+    argv = [str(test_file), "--times", "2", "--timeout-s", "25", "--load", "1"]
+    assert main([*argv, "--out-dir", str(out_dir)]) == 1
+    (result_file,) = out_dir.glob("*.json")
+    result = json.loads(result_file.read_text())
+    assert (result["repeats_run"], result["failures"], result["hangs"], result["load"]) == (
+        2, 0, 1, 1,
+    )  # fmt: skip
+    (log,) = result["logs"]
+    text = Path(log).read_text()
+    assert "=== HANG" in text and "test_hangs_the_second_time" in text  # pytest's stack dump
+    assert "wchan" in text
+    table_main([str(result_file)])
+
+
+def test_the_table_has_a_row_per_selection(tmp_path: Path, capsys) -> None:
+    doc = {
+        "selections": [
+            dict(selection=["tests/a.py"], repeats_run=20, failures=1, hangs=0, load=2,
+                 wall_s_per_repeat=[10.2, 31.0], load_average_1min_per_repeat=[4.0, 2.5]),
+            dict(selection=["tests/b.py"], repeats_run=5, failures=0, hangs=1, load=0,
+                 wall_s_per_repeat=[3.0]),
+        ]
+    }  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    table_main([str(path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| `tests/a.py` | 20 | 1 | 0 | 2 busy, load avg 2.5-4.0 | 10-31 |"
+    assert lines[3] == "| `tests/b.py` | 5 | 0 | 1 | 0 busy | 3-3 |"
+
+
+def test_load_processes_run_inside_and_are_stopped_after() -> None:
+    with Load(2) as load:
+        pids = load.pids()
+        assert len(pids) == 2
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+@pytest.mark.slow
+def test_the_dist_modules_are_the_marked_ones() -> None:
+    modules = marked_modules("dist or slurm")
+    assert "tests/odb/test_faults.py" in modules and "tests/odb/test_native_threads.py" in modules
+    assert "tests/odb/core/test_alignment.py" not in modules  # no process started there

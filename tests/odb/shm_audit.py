@@ -60,6 +60,11 @@ def held_shm(pids: Iterable[int] | None = None) -> set[str]:
     The inode is what finds a POSIX semaphore: ``sem_open`` maps a temporary file and
     then links it to its name, so a process holding ``sem.mp-x`` shows
     ``/dev/shm/sem.<random> (deleted)`` in its maps, never ``sem.mp-x``.
+
+    A descriptor closed between the listing of ``/proc/<pid>/fd`` and its read is
+    skipped alone, not the process's others: the test process itself opens and closes
+    files all the time (the recorder thread reads ``/proc``), and skipping the rest of
+    its descriptors then missed a segment it held (a false leak under load).
     """
     held: set[str] = set()
     inodes: set[int] = set()
@@ -73,13 +78,17 @@ def held_shm(pids: Iterable[int] | None = None) -> set[str]:
                     if at >= 0:
                         held.add(line[at + len(prefix) :].split()[0])
                         inodes.add(int(line.split()[4]))
-            for fd in os.listdir(f"/proc/{pid}/fd"):
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        for fd in fds:
+            try:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if target.startswith(prefix):
                     held.add(target[len(prefix) :].split()[0])
                     inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
-        except OSError:
-            continue
+            except OSError:  # closed since the listing
+                continue
     return held | {name for name in shm_entries() if _inode(name) in inodes}
 
 

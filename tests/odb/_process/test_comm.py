@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import threading
 import time
 
 import psutil
@@ -131,3 +132,56 @@ def test_a_peer_that_leaves_the_rendezvous_halfway_ends_it_within_init_timeout()
         assert where in message or "collate side is gone" in message, outcomes
     if not any("Connect timeout" in message for _, message in outcomes):
         pytest.skip(f"rank 0 was never the side that waits in {len(outcomes)} draws")
+
+
+# --- a rank asked to stop reads no failure notes ----------------------------------------
+
+
+class _StopAfter(comm.AlignmentGroup):
+    """Rank 0's group, asked to stop once it has read the peers' notes ``reads`` times
+    (``None``: never asked)."""
+
+    reads: int | None = None
+
+    def stop_requested(self) -> bool:
+        return self.reads is not None and self.note_reads >= self.reads
+
+
+def _pair(reads: int | None) -> tuple[_StopAfter, comm.AlignmentGroup]:
+    """Rank 0 and rank 1 of one real Gloo group (two threads meet; loopback store)."""
+    host = StoreHost("127.0.0.1", 10.0, loopback=True)
+    ranks = [Rendezvous(host.host, host.port, r, 2, 10.0, 10.0, b"n" * 32) for r in (0, 1)]
+    groups: list[comm.AlignmentGroup] = [None, None]  # type: ignore[list-item]
+
+    def meet(rank: int) -> None:
+        kind = _StopAfter if rank == 0 else comm.AlignmentGroup
+        groups[rank] = kind(ranks[rank], "odb/stop/")
+
+    threads = [threading.Thread(target=meet, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    first = groups[0]
+    assert isinstance(first, _StopAfter)
+    first.reads = reads
+    first.host = host  # type: ignore[attr-defined]  # kept alive with the group
+    return first, groups[1]
+
+
+@pytest.mark.parametrize(
+    "reads", [0, 1, None], ids=["stopped-before", "stopped-while-waiting", "not-stopped"]
+)
+def test_a_rank_asked_to_stop_waits_for_no_failure_note(reads: int | None) -> None:
+    # Rank 1 stops without a note (a break); rank 0's collective then fails on the
+    # closed connection. Not stopping, rank 0 polls for a note for _NOTE_WAIT_S; asked
+    # to stop (before, or while it waits) it reads no more.
+    ours, peer = _pair(reads)
+    peer.close()
+    with pytest.raises(comm.AlignmentTimeoutError, match="collate side is gone"):
+        ours.sum_counts([1])
+    ours.close()
+    if reads is None:
+        assert ours.note_reads > 1  # the wait this test is about exists
+    else:
+        assert ours.note_reads == reads

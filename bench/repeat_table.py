@@ -1,0 +1,59 @@
+"""The Markdown table of a repeat campaign, from ``bench.repeat_tests``' JSON files.
+
+    python -m bench.repeat_table results/repeats/*.json
+
+One row per selection (file): module, repeats, failures, hangs, load (busy processes
+the campaign started beside it, and the machine's 1-minute load average at the repeats'
+ends, min-max: on a shared machine ``--load 0`` is not idle), wall time per repeat
+(min-max). Accepts both a per-module file (``--out-dir``)
+and a whole run's document (``--out``, its ``selections``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HEADER = "| module | repeats | failures | hangs | load | s per repeat |\n|---|---|---|---|---|---|"
+
+
+def rows_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The selections a JSON document holds (one, or a whole run's ``selections``)."""
+    return document["selections"] if "selections" in document else [document]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The Markdown table of ``results`` (``bench.repeat_tests`` selections), in order."""
+    lines = [HEADER]
+    for r in results:
+        walls = r.get("wall_s_per_repeat") or [0.0]
+        lines.append(
+            f"| `{' '.join(r['selection'])}` | {r['repeats_run']} | {r['failures']} | "
+            f"{r['hangs']} | {_load(r)} | {min(walls):.0f}-{max(walls):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _load(result: dict[str, Any]) -> str:
+    loads = result.get("load_average_1min_per_repeat") or [
+        result.get("machine", {}).get("load_average_1_5_15", [None])[0]
+    ]
+    busy = f"{result.get('load', 0)} busy"
+    if None in loads:
+        return busy
+    return f"{busy}, load avg {min(loads):.1f}-{max(loads):.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Markdown table of bench.repeat_tests JSON files.")
+    p.add_argument("files", nargs="+", type=Path)
+    args = p.parse_args(argv)
+    results = [r for f in args.files for r in rows_of(json.loads(f.read_text()))]
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
