@@ -234,7 +234,7 @@ def workflow_rules() -> list[tuple[str, str, str]]:
     What a rule is for: the comment beside or above it, then what it makes (its
     ``output:``), or for a target rule that only collects files, what it collects.
     """
-    from experiments.grid import TABLES
+    from experiments.grid_cells import TABLES
 
     files = [ROOT / "Snakefile", *sorted((ROOT / "experiments" / "rules").glob("*.smk"))]
     rules = []

@@ -28,34 +28,22 @@ DEFAULT_WORLD_SIZES = (1, 2, 4, 8)
 DEFAULT_SHORT_THRESHOLD = 256  # f_s: under 256 tokens, as the artifact's proxies count it
 
 
-def plan(
-    dataset: Any,
-    *,
-    budgets: Sequence[int] | None = None,
-    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
-    cutoff: int | None = None,
-    num_samples: int | None = 2000,
-    num_workers: int = 0,
-    time_limit_s: float = 300.0,
-    step_cost: StepCost | None = None,
-    short_threshold: int = DEFAULT_SHORT_THRESHOLD,
-    length_fn: Callable[[Any], int] | None = None,
-    patches_fn: Callable[[Any], int] | None = None,
-    probe: MemoryProbe | Callable[[Any], Any] | None = None,
-    progress: bool = True,
-    config: ODBConfig | None = None,
-    model: str | Path | None = None,
-    gpu: str | None = None,
-    strategy: str = "ddp",
-    **options: Any,
+def plan(  # fmt: skip
+    dataset: Any, *, budgets: Sequence[int] | None = None,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES, cutoff: int | None = None,
+    num_samples: int | None = 2000, num_workers: int = 0, time_limit_s: float = 300.0,
+    step_cost: StepCost | None = None, short_threshold: int = DEFAULT_SHORT_THRESHOLD,
+    length_fn: Callable[[Any], int] | None = None, patches_fn: Callable[[Any], int] | None = None,
+    probe: MemoryProbe | Callable[[Any], Any] | None = None, progress: bool = True,
+    config: ODBConfig | None = None, model: str | Path | None = None, gpu: str | None = None,
+    strategy: str = "ddp", **options: Any,
 ) -> PlanReport:
     """Measure a seeded sample of ``dataset`` as the loader would, and forecast ODB.
 
-    Every figure comes from the loader's own round protocol run over the measured
-    lengths (no processes): with the whole dataset measured (``num_samples`` None or at
-    least its size), a row's steps and padding are the loader's at that budget and
-    world size, same seed. Speed-ups are estimates under ``step_cost``, stated in the
-    report's ``assumptions``. Arguments are checked before anything is read.
+    Every figure comes from the loader's own round protocol over the measured lengths:
+    with the whole dataset measured, a row's steps and padding are the loader's, same
+    seed. Speed-ups are estimates, their cost stated in the report's ``assumptions``.
+    Arguments are checked before anything is read.
 
     Args:
         dataset: Map-style dataset; items as the loader reads them (model-ready dicts).
@@ -63,29 +51,26 @@ def plan(
         world_sizes: Numbers of ranks to forecast.
         cutoff: The longest a sample may be (the fixed-batch Standard's batch is
             ``budget // cutoff``); default the longest measured sample.
-        num_samples: How many samples to measure (a seeded random subset); None = all.
-        num_workers: DataLoader workers reading the samples.
-        time_limit_s: Reading stops after this long; the plan uses what was read.
-        step_cost: ``t(step) = a + b * tokens``; default measured by the probe when it
-            runs, else ``StepCost()`` (:class:`odb.planning.forecast.StepCost`).
+        num_samples: How many samples to measure (a seeded subset); None = all.
+        num_workers: time_limit_s: DataLoader workers reading; reading stops after this.
+        step_cost: ``t(step) = a + b * tokens`` (:class:`odb.planning.forecast.StepCost`).
         short_threshold: Length under which a sample counts as short (f_s).
         length_fn, patches_fn, config, options: As for :class:`odb.ODBLoader`
             (``token_budget`` is replaced by each candidate budget).
         probe: Your training step (``step(batch)``) or a :class:`~odb.planning.MemoryProbe`: on CUDA
             the largest budget whose worst batches fit memory is searched.
         progress: A progress line on stderr while reading.
-        model: gpu: strategy: Time steps with the architecture-based cost model
-            (:mod:`odb.planning.step_cost`): ``model`` a table name (``qwen3-vl-2b``,
-            ``qwen3-vl-8b``, ``llama-3.1-8b``) or an HF ``config.json`` path, ``gpu`` one of
-            ``a100``, ``h100``, ``h200``, ``h20``, ``strategy`` ``ddp``, ``zero2`` or
-            ``fsdp`` (8 GPUs a node). Both or neither of ``model`` and ``gpu``; with the
-            probe on CUDA its timed steps refit the model's two constants. Without them
-            (and without ``step_cost``) the speed-up assumes a generic cost.
+        model: gpu: strategy: Time steps with :mod:`odb.planning.step_cost`: ``model`` a
+            table name (``qwen3-vl-2b``, ``qwen3-vl-8b``, ``llama-3.1-8b``) or an HF
+            ``config.json`` path; ``gpu`` ``a100``, ``h100``, ``h200`` or ``h20``;
+            ``strategy`` ``ddp``, ``zero2`` or ``fsdp``. Both or neither of ``model`` and
+            ``gpu``; without them the speed-up assumes a generic cost.
     """
     _check_args(world_sizes, num_samples, time_limit_s, short_threshold, cutoff, budgets)
     check_callables(length_fn=length_fn, patches_fn=patches_fn)
     memory_probe = MemoryProbe.of(probe)
     check_factory_result(dataset, "the dataset")
+    setup = _setup(model, gpu, strategy)
     base = _base_config(config, options)
     indices = sample_indices(len(dataset), num_samples, base.seed)
     measured = measure(dataset, SampleMeter(base, length_fn, patches_fn), indices,
@@ -93,12 +78,8 @@ def plan(
                        progress=sys.stderr if progress else None)  # fmt: skip
     cutoff = max(measured.lengths) if cutoff is None else cutoff
     budgets = _budgets(budgets, cutoff)
-    setup = _setup(model, gpu, strategy)
     probed, fitted = _probe(dataset, measured, memory_probe, max(budgets))
-    cost: StepCost | StepModel = step_cost or fitted or StepCost()
-    source = _cost_source(step_cost, fitted)
-    if setup is not None and step_cost is None:
-        cost, source = _model_cost(setup, probed, measured)
+    cost, source = _cost(step_cost, fitted, setup, probed, measured)
     rows = _rows(measured, base, budgets, world_sizes, cutoff, cost)
     return _report(measured, rows, short_threshold, cutoff, base, cost, source, probed)
 
@@ -112,6 +93,21 @@ def _setup(model: str | Path | None, gpu: str | None, strategy: str) -> Setup | 
     if model is None or gpu is None:
         return None
     return Setup(architecture(model), gpu_named(gpu), strategy)
+
+
+def _cost(
+    given: StepCost | None,
+    fitted: StepCost | None,
+    setup: Setup | None,
+    probed: dict[str, Any] | None,
+    measured: Measured,
+) -> tuple[StepCost | StepModel, str]:
+    """The step cost the forecast uses and where it comes from: the one given, else the
+    step-cost model when a model and GPU are named (its constants refitted by the probe
+    on CUDA), else the probe's linear fit, else the generic cost."""
+    if given is None and setup is not None:
+        return _model_cost(setup, probed, measured)
+    return given or fitted or StepCost(), _cost_source(given, fitted)
 
 
 def _model_cost(
