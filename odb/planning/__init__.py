@@ -14,19 +14,25 @@ Example:
 """
 
 from odb.planning.forecast import StepCost
+from odb.planning.hardware import Gpu, gpu
+from odb.planning.models import Architecture, architecture
 from odb.planning.plan import plan
 from odb.planning.probe import MemoryProbe, ProbeResult, search_budget
 from odb.planning.report import PlanReport
 from odb.planning.step_cost import Constants, Setup, StepModel
 
 __all__ = [
+    "Architecture",
     "Constants",
+    "Gpu",
     "MemoryProbe",
     "PlanReport",
     "ProbeResult",
     "Setup",
     "StepCost",
     "StepModel",
+    "architecture",
+    "gpu",
     "plan",
     "search_budget",
 ]

@@ -58,13 +58,13 @@ class Architecture:
 
     @property
     def layer_linear_params(self) -> int:
-        """Weights of one decoder layer's matmuls: q, k, v, o and the gated MLP."""
+        """Weights of one decoder layer's matmuls (q, k, v, o and the gated MLP)."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         return attn + 3 * self.hidden * self.intermediate
 
     @property
     def text_linear_params(self) -> int:
-        """Every matmul weight a token passes through: the layers and the LM head."""
+        """Every matmul weight a token passes through (the layers and the LM head)."""
         return self.layers * self.layer_linear_params + self.vocab * self.hidden
 
     @property

@@ -60,7 +60,7 @@ def plan(  # fmt: skip
         probe: Your training step (``step(batch)``) or a :class:`~odb.planning.MemoryProbe`: on CUDA
             the largest budget whose worst batches fit memory is searched.
         progress: A progress line on stderr while reading.
-        model: gpu: strategy: Time steps with :mod:`odb.planning.step_cost`: ``model`` a
+        model: gpu: strategy: Time steps with :class:`~odb.planning.StepModel`: ``model`` a
             table name (``qwen3-vl-2b``, ``qwen3-vl-8b``, ``llama-3.1-8b``) or an HF
             ``config.json`` path; ``gpu`` ``a100``, ``h100``, ``h200`` or ``h20``;
             ``strategy`` ``ddp``, ``zero2`` or ``fsdp``. Both or neither of ``model`` and
