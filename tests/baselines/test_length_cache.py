@@ -61,6 +61,7 @@ def test_repeated_build_refuses_a_dataset_whose_lengths_differ_between_passes() 
         build(_Drifting(6), repeats=2)
 
 
+@pytest.mark.dist
 def test_build_with_workers_equals_in_process() -> None:
     ds = ToyDataset(12, augment=True)
     assert build(ds, epoch=2, num_workers=2).lengths == build(ds, epoch=2).lengths

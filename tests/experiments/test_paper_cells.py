@@ -102,6 +102,7 @@ def _odb_option_sets() -> list[str]:
     return sorted(firsts.values())
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("key", _odb_option_sets(), ids=_id)
 def test_every_paper_odb_setting_runs_an_epoch_exactly_once(key: str) -> None:
     loader, samples = _build(key)

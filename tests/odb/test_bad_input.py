@@ -164,6 +164,7 @@ def test_wrap_rejects_batched_dataloader() -> None:
         odb.wrap(DataLoader(SpecDataset(ok()), batch_size=4), token_budget=64)
 
 
+@pytest.mark.dist
 def test_unpicklable_dataset_with_a_spawned_collate_process(no_leaked_children: None) -> None:
     with pytest.raises(TypeError) as info:
         odb.ODBLoader(LambdaDataset(ok()), token_budget=64, collate_start_method="spawn")
@@ -192,6 +193,7 @@ def test_unpicklable_dataset_with_spawned_workers(no_leaked_children: None) -> N
 # --- bad samples, collate functions and workers (both collate modes) ------------------
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_sample_not_a_dict(mode: str, no_leaked_children: None) -> None:
     specs = ok(6)
@@ -200,6 +202,7 @@ def test_sample_not_a_dict(mode: str, no_leaked_children: None) -> None:
     _raises_on_iter(loader, TypeError, "sample 4", "tuple", "dict")
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_sample_without_input_ids(mode: str, no_leaked_children: None) -> None:
     specs = ok(6)
@@ -208,6 +211,7 @@ def test_sample_without_input_ids(mode: str, no_leaked_children: None) -> None:
     _raises_on_iter(loader, ValueError, "sample 2", "'input_ids'")
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_zero_length_sample_is_an_error(mode: str, no_leaked_children: None) -> None:
     specs = ok(6)
@@ -216,6 +220,7 @@ def test_zero_length_sample_is_an_error(mode: str, no_leaked_children: None) -> 
     _raises_on_iter(loader, ValueError, "sample 3", "length 0")
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_oversize_error(mode: str, no_leaked_children: None) -> None:
     specs = ok(6)
@@ -224,12 +229,14 @@ def test_oversize_error(mode: str, no_leaked_children: None) -> None:
     _raises_on_iter(loader, ValueError, "sample 5", "token_budget=64", "oversize")
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_collate_fn_returning_list(mode: str, no_leaked_children: None) -> None:
     loader = odb.ODBLoader(SpecDataset(ok()), collate_fn=list_collate, **_options(mode))
     _raises_on_iter(loader, TypeError, "collate_fn", "list", "dict")
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_collate_fn_exception_reraised(mode: str, no_leaked_children: None) -> None:
     loader = odb.ODBLoader(
@@ -246,6 +253,7 @@ def _worker_error_loader(mode: str) -> odb.ODBLoader:
     return odb.ODBLoader(SpecDataset(specs), **_options(mode, num_workers=1))
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_dataset_exception_in_worker_reraised(mode: str) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -257,6 +265,7 @@ def test_dataset_exception_in_worker_reraised(mode: str) -> None:
         _assert_no_children_left(before)
 
 
+@pytest.mark.dist
 def test_thread_mode_worker_stopped_after_error() -> None:
     # The worker must stop when the error is raised, not whenever the cyclic garbage
     # collector happens to run (which made this check flaky with the collector on).
@@ -271,6 +280,7 @@ def test_thread_mode_worker_stopped_after_error() -> None:
         gc.collect()
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", MODES)
 def test_batch_without_labels(mode: str, no_leaked_children: None) -> None:
     specs = [("nolabels", 4 + i) for i in range(5)]

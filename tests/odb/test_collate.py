@@ -94,6 +94,7 @@ def _shared_flags(batch: list[torch.Tensor]) -> tuple[bool, torch.Tensor]:
     return out.is_shared(), out
 
 
+@pytest.mark.dist
 def test_in_a_dataloader_worker_the_batch_is_built_shared() -> None:
     loader = DataLoader(_Pixels(), batch_size=2, num_workers=1, collate_fn=_shared_flags)
     ((shared_in_worker, out),) = list(loader)
@@ -104,6 +105,7 @@ def _uses_a_pool(batch: list[torch.Tensor]) -> tuple[bool, bool]:
     return batch_pool.own_pool() is not None, batch_cat(batch).is_shared()
 
 
+@pytest.mark.dist
 def test_a_worker_forked_from_a_collate_process_does_not_use_its_pool(
     collate_process: BlockPool,
 ) -> None:

@@ -36,6 +36,7 @@ def _check(code: int, out: str, err: str) -> None:
     assert "stopped early" in out, out[-2000:]
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("variant", ["dropped", "held"])
 def test_early_stop_exits_cleanly_at_one_rank(variant: str) -> None:
     for _ in range(RUNS[1]):
@@ -50,6 +51,7 @@ def test_early_stop_exits_cleanly_at_one_rank(variant: str) -> None:
         _check(proc.returncode, proc.stdout, proc.stderr)
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("variant", ["dropped", "held"])
 def test_early_stop_exits_cleanly_at_two_ranks(variant: str) -> None:
     for _ in range(RUNS[2]):
@@ -74,6 +76,7 @@ def _hold(what: str) -> None:
         _KEPT.append(iterator)
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("what", ["loader", "iterator"])
 def test_a_multiprocessing_child_holding_a_loader_exits(what: str) -> None:
     # A process multiprocessing started (torch.multiprocessing.spawn's ranks) joins its

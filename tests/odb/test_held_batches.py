@@ -73,6 +73,7 @@ def _epoch(mode: str) -> tuple[list[int], list[int]]:
     return sizes, seen
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_a_consumer_that_keeps_every_batch_fills_the_cap(mode: str) -> None:
     sizes, seen = _epoch(mode)

@@ -41,6 +41,7 @@ def _children_settle(timeout_s: float = 10.0) -> list[psutil.Process]:
         time.sleep(0.2)
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize(
     ("mode", "start"),
     [("thread", None), ("process", None), ("process", "spawn")],
@@ -74,6 +75,7 @@ def test_break_then_full_epochs_leave_no_children(mode: str, start: str | None) 
     assert _children_settle() == []
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_reiterating_after_a_break_yields_only_the_new_epoch(mode: str) -> None:
     # An iterator abandoned mid-epoch, then iter() again at once (the old iterator still
@@ -96,6 +98,7 @@ def test_reiterating_after_a_break_yields_only_the_new_epoch(mode: str) -> None:
     assert sorted(i for b in loader for i in odb.pop_step_info(b).sample_ids) == list(range(90))
 
 
+@pytest.mark.dist
 def test_exit_with_live_iterator_does_not_hang() -> None:
     script = textwrap.dedent("""
         import odb
@@ -114,6 +117,7 @@ def test_exit_with_live_iterator_does_not_hang() -> None:
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.dist
 def test_a_collate_process_killed_between_epochs_is_replaced_with_a_warning() -> None:
     loader = odb.ODBLoader(LengthDataset([(i % 13) + 1 for i in range(60)]), token_budget=32)
     assert sum(odb.pop_step_info(b).local_samples for b in loader) == 60
@@ -134,6 +138,7 @@ def test_a_collate_process_killed_between_epochs_is_replaced_with_a_warning() ->
     assert _children_settle() == []
 
 
+@pytest.mark.dist
 def test_start_brings_up_the_collate_process_the_first_epoch_uses() -> None:
     loader = odb.ODBLoader(LengthDataset([(i % 13) + 1 for i in range(60)]), token_budget=32)
     assert _live_children() == []

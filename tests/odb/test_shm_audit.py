@@ -78,6 +78,7 @@ def _python(code: str, tag: str, **kwargs: object) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.dist
 def test_a_segment_and_a_semaphore_a_child_leaves_are_reported(tag: str) -> None:
     with ShmAudit() as shm:
         child = _python(LEAKER, tag)
@@ -91,6 +92,7 @@ def test_a_segment_and_a_semaphore_a_child_leaves_are_reported(tag: str) -> None
     assert creator(names[0]) == child.pid and creator(names[1]) == 0
 
 
+@pytest.mark.dist
 def test_a_segment_still_held_is_not_a_leak(tag: str) -> None:
     with ShmAudit() as shm:
         child = _python(LEAKER, tag)
@@ -105,6 +107,7 @@ def test_a_segment_still_held_is_not_a_leak(tag: str) -> None:
             assert shm.leaked(settle_s=0) == [names[1]]
 
 
+@pytest.mark.dist
 def test_what_other_processes_leave_meanwhile_is_not_counted(tag: str) -> None:
     stranger = _python(STRANGER, tag, start_new_session=True)
     assert stranger.wait(30) == 0  # the grandchild lives on, orphaned
@@ -121,6 +124,7 @@ def test_what_other_processes_leave_meanwhile_is_not_counted(tag: str) -> None:
         assert shm.leaked(settle_s=0) == []
 
 
+@pytest.mark.dist
 def test_a_semaphore_a_live_process_holds_is_held(tag: str) -> None:
     # sem_open maps a temporary file and links it to the name: the holder's maps show
     # the temporary name, deleted, and only the inode ties the two.
@@ -136,6 +140,7 @@ def test_a_semaphore_a_live_process_holds_is_held(tag: str) -> None:
         assert holder.wait(30) == 0
 
 
+@pytest.mark.dist
 def test_a_semaphore_another_process_holds_meanwhile_is_not_a_leak(tag: str) -> None:
     # What another xdist worker's ranks do during an audit: make a named semaphore and
     # hold it. Counted as a leak before held_shm looked at inodes (a failure seen in a

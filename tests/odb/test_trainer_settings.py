@@ -156,6 +156,7 @@ def _torch_segments_held() -> set[str]:
     return {name for name in held_shm([os.getpid()]) if name.startswith("torch_")}
 
 
+@pytest.mark.dist
 def test_the_issue_snippet_trains_at_one_rank_with_the_handoffs_guarantees() -> None:
     """file_system sharing, default settings (forked collate process), W = 1.
 
@@ -193,6 +194,7 @@ def _lock_free_samples(batches: Any) -> list[bool]:
     return [bool(flag) for batch in batches for flag in batch["lock_free"].flatten()]
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("collate_mode", ["process", "thread"])
 def test_a_lock_held_at_the_fork_is_pythons_hazard_and_odb_does_no_worse(
     collate_mode: str,

@@ -60,6 +60,7 @@ def _init_worker(worker_id: int) -> None:
     _MARK[0] = 100 + worker_id
 
 
+@pytest.mark.dist
 def test_worker_settings_are_carried_over() -> None:
     dl = DataLoader(
         _MarkedDataset(LENGTHS),

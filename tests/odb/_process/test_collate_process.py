@@ -83,6 +83,7 @@ def test_a_forked_collate_process_holds_none_of_the_trainers_sockets() -> None:
     assert sorted(i for r in results for i in r["ids"]) == list(range(len(LENGTHS)))
 
 
+@pytest.mark.dist
 def test_a_forked_collate_process_ignores_the_trainers_signal_handlers(tmp_path: Path) -> None:
     """SIGTERM ends it as it would a fresh process, without running the trainer's handler."""
     marker = tmp_path / "handler-ran"
@@ -110,6 +111,7 @@ def test_a_forked_collate_process_ignores_the_trainers_signal_handlers(tmp_path:
     assert not marker.exists(), f"the trainer's handler ran in process {marker.read_text()}"
 
 
+@pytest.mark.dist
 def test_a_forked_collate_process_keeps_torchs_worker_death_handler() -> None:
     """torch installs its SIGCHLD handler once per process: the child must keep it.
 

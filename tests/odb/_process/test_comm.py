@@ -99,6 +99,7 @@ def _leave_halfway(rendezvous: Rendezvous, prefixes: mp.Queue, left: mp.Queue) -
             left.put("left")
 
 
+@pytest.mark.dist
 def test_a_peer_that_leaves_the_rendezvous_halfway_ends_it_within_init_timeout() -> None:
     # Gloo waits five times its timeout for a peer to connect; the group is built so that
     # the wait ends within init_timeout_s. Which side of the pair waits (listens) is

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 import torch
 
 from odb._process import torch_shm
@@ -38,6 +39,7 @@ def _connections_and_handle() -> tuple[list[str], str]:
     return list(_manager_connections().values()), handle.decode()
 
 
+@pytest.mark.dist
 def test_torch_connects_to_its_manager_as_tracked() -> None:
     connections, handle = run_forked(_connections_and_handle)
     # One connection per manager, to the socket whose path is the storages' handle.
@@ -70,6 +72,7 @@ def _fork_after_sharing() -> dict[str, Any]:
     }
 
 
+@pytest.mark.dist
 def test_a_forked_child_shares_through_its_own_connection_to_the_same_manager() -> None:
     found = run_forked(_fork_after_sharing)
     assert found["exitcode"] == 0

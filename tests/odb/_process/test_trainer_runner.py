@@ -186,6 +186,7 @@ def _check_batch(batch: dict[str, Any], info: StepInfo) -> None:
         assert torch.equal(batch["input_ids"][row, :width], torch.full((width,), index))
 
 
+@pytest.mark.dist
 def test_held_batches_stay_intact_while_blocks_are_reused() -> None:
     loader = odb.ODBLoader(KeyedDataset(300), token_budget=24, num_workers=1, queue_depth=1)
     held = [(b, odb.pop_step_info(b)) for b in loader]  # held: their blocks are not reused
@@ -194,6 +195,7 @@ def test_held_batches_stay_intact_while_blocks_are_reused() -> None:
         _check_batch(batch, info)
 
 
+@pytest.mark.dist
 def test_big_batches_of_any_size_cross_intact() -> None:
     """400 KB a sample (blocks must grow), and one batch of over 16 MiB."""
     pixels = {i: 100_000 for i in range(40)}
@@ -225,6 +227,7 @@ class PartsCollate:
         return batch
 
 
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_batch_parts_reach_the_trainer_as_the_workers_shared_memory(mode: str) -> None:
     """Big parts pass the collate side untouched; ``.to`` concatenates them."""
@@ -259,6 +262,7 @@ def _own_resources(shm: ShmAudit) -> tuple[int, set[str]]:
         return me.num_fds(), held_shm([me.pid])
 
 
+@pytest.mark.dist
 def test_three_epochs_leave_no_fds_shm_or_children() -> None:
     loader = odb.ODBLoader(KeyedDataset(200), token_budget=24, num_workers=2)
     sum(1 for _ in loader)  # first use: lazily created resources of this process
@@ -278,6 +282,7 @@ def test_three_epochs_leave_no_fds_shm_or_children() -> None:
         assert not shm.leaked()
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_an_unpicklable_sample_raises_in_its_worker(mode: str) -> None:
@@ -286,6 +291,7 @@ def test_an_unpicklable_sample_raises_in_its_worker(mode: str) -> None:
         list(loader)
 
 
+@pytest.mark.dist
 def test_a_clean_collate_process_exits_with_code_zero() -> None:
     config = ODBConfig(token_budget=24, num_workers=1)
     spec = CollateSpec(KeyedDataset(50), PadCollate(), SampleMeter(config))
@@ -301,6 +307,7 @@ def test_a_clean_collate_process_exits_with_code_zero() -> None:
     assert side.exitcode == 0
 
 
+@pytest.mark.dist
 @pytest.mark.timeout(180)
 def test_a_worker_killed_mid_write_is_named(tmp_path: Path) -> None:
     # Big inline samples leave a killed writer's message half-written in the result pipe.
@@ -333,6 +340,7 @@ def test_a_worker_killed_mid_write_is_named(tmp_path: Path) -> None:
     assert "DataLoader worker" in str(raised.value)
 
 
+@pytest.mark.dist
 def test_describe_descendants_names_each_process_and_its_wait() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

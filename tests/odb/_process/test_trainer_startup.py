@@ -66,6 +66,7 @@ class SlowToUnpickle(LengthDataset):
         self.__dict__.update(state)
 
 
+@pytest.mark.dist
 def test_a_collate_process_that_does_not_start_is_an_error_within_the_deadline() -> None:
     loader = odb.ODBLoader(
         SlowToUnpickle([5, 6, 7]),

@@ -42,6 +42,7 @@ def _dead(process: multiprocessing.process.BaseProcess) -> None:
     os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
 
 
+@pytest.mark.dist
 def test_a_death_whose_signal_was_missed_ends_the_read(sigchld_ignored: None) -> None:
     ctx = multiprocessing.get_context("fork")
     reader, writer = ctx.Pipe(duplex=False)  # this process keeps the write end: no EOF
@@ -66,6 +67,7 @@ def test_a_death_whose_signal_was_missed_ends_the_read(sigchld_ignored: None) ->
     assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL  # put back
 
 
+@pytest.mark.dist
 def test_only_a_failed_worker_and_only_inside_a_read_raises(sigchld_ignored: None) -> None:
     ctx = multiprocessing.get_context("fork")
     reader, writer = ctx.Pipe(duplex=False)

@@ -150,6 +150,7 @@ def test_bad_sampler_values_are_refused() -> None:
         odb.ODBLoader(LengthDataset(LENGTHS), sampler=3, **OPTIONS)
 
 
+@pytest.mark.dist
 def test_hf_stream_sharded_by_two_workers_loses_nothing() -> None:
     loader = odb.ODBLoader(_hf_stream(60, 2), num_workers=2, **OPTIONS)
     assert loader.shard == "worker"
