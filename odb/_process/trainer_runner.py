@@ -43,6 +43,7 @@ from typing import Any
 
 from odb._process.comm import AlignmentTimeoutError
 from odb._process.diagnostics import describe_descendants
+from odb._process.gil_handoff import hand_over_gil
 from odb._process.messages import CollateSpec, EpochJob, EpochResult
 from odb._process.rendezvous import Rendezvous, close_store_hosts
 from odb._process.trainer_transport import Transport, open_transport
@@ -67,14 +68,17 @@ def _close_live_runners() -> None:
     # All are told first, so their stops overlap (a collate thread's peers stop too);
     # then each is joined (a thread until it has ended: none may run at finalization).
     # Idempotent: it also runs as a multiprocessing finalizer (_register_exit_finalizer).
-    # Last, the rendezvous stores this process hosts (rank 0): once no collate side of
+    # Then the rendezvous stores this process hosts (rank 0): once no collate side of
     # this process uses them, their server threads are joined before finalization.
+    # Last, Gloo's worker threads of groups still alive (the trainer's own) get the GIL
+    # to drop their last collective's tensors while Python can still give it.
     runners = list(_LIVE_RUNNERS)
     for runner in runners:
         runner.request_stop()
     for runner in runners:
         runner.close(timeout_s=1.0)
     close_store_hosts()
+    hand_over_gil()
 
 
 def _register_exit_finalizer() -> None:
