@@ -2,11 +2,11 @@
 
 Without ODB's exit hook, Gloo's worker thread can still be waiting for the GIL to drop
 the collective's tensor when the interpreter finalizes, and the process aborts
-("terminate called without an active exception"; ``odb/_process/gil_handoff.py``): 6
-of 20 runs of ``tests/odb/exit_race_script.py bare`` on this machine, idle
-(``python -m bench.exit_race``, ``docs/reliability.md``). The race is decided by the
-scheduler, so it cannot be forced from Python; these runs would all pass without the
-hook about once in eight tries.
+("terminate called without an active exception"; ``odb/_process/gil_handoff.py``). The
+race is decided by the scheduler and cannot be forced from Python: without the hook a
+run aborts about one time in five idle, one in three loaded (``python -m
+bench.exit_race``, ``docs/reliability.md``), so these six runs catch a lost hook in
+about three tries of four idle, nineteen of twenty loaded.
 """
 
 from __future__ import annotations
