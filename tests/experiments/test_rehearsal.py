@@ -55,8 +55,8 @@ RECORDS = 40
 # again) and the training launch (~15 s of imports and DeepSpeed set-up on 2 cores),
 # and the Slurm executor polls with back-off (a first check after 5 s, then 10 s longer
 # each time no job has finished; a job's end is seen up to ~40 s late). Near idle (load
-# 1.7): the CI slice 75 s, the resumed run 51 s (docs/testing.md); the limits leave room
-# for the executor's polling, not for growth.
+# 1.7): the CI slice 75 s, the resumed run 51 s (docs/appendix/superseded.md, "Cuts for
+# the 60 s budget"); the limits leave room for the executor's polling, not for growth.
 SLURM_PATH_REASON = "sbatch jobs: Slurm and Snakemake job starts and the executor's polling"
 
 
