@@ -6,7 +6,8 @@
 test, so a test that starts a collate process, a rank or a DataLoader worker without the
 marker is never repeated. While each test runs, a thread lists this process's
 descendants every few milliseconds (``psutil``) and keeps the command lines of the new
-ones; a forked child shows its parent's command line. Writes ``{test id: [command
+ones; a forked child shows its parent's command line. A child that ends within a few
+polls (a fork that returns at once) can be missed, more so under load. Writes ``{test id: [command
 line, ...]}`` for every test that started one and was not marked ``dist`` or ``slurm``
 (stderr says how many). Tools a test runs (``snakemake``, ``sphinx``, ``lint-imports``,
 ``python -c`` import checks) are listed too: judge each line.

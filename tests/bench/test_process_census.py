@@ -16,7 +16,8 @@ TESTS = """
 import multiprocessing, os, subprocess, sys, pytest
 
 def _child():
-    pass
+    import time
+    time.sleep(0.5)  # lives far longer than the census's polling interval
 
 def test_forks_a_child():
     process = multiprocessing.get_context("fork").Process(target=_child)
@@ -24,7 +25,7 @@ def test_forks_a_child():
     process.join()
 
 def test_runs_a_command():
-    subprocess.run([sys.executable, "-c", "import time; time.sleep(0.2)"], check=True)
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
 
 @pytest.mark.dist
 def test_marked_and_spawning():
@@ -61,4 +62,4 @@ def test_only_the_unmarked_tests_that_start_processes_are_listed(tmp_path: Path)
         "test_sample.py::test_forks_a_child",
         "test_sample.py::test_runs_a_command",
     ]
-    assert any("time.sleep(0.2)" in line for line in found["test_sample.py::test_runs_a_command"])
+    assert any("time.sleep(0.5)" in line for line in found["test_sample.py::test_runs_a_command"])
