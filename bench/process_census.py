@@ -69,6 +69,11 @@ class _Watch:
         return sorted(set(self.seen.values()))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # refused before any test runs, not after all
+        raise pytest.UsageError("bench.process_census needs -n 0 (one process sees all)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Generator[None, None, None]:
     marked = item.get_closest_marker("dist") or item.get_closest_marker("slurm")
@@ -79,8 +84,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Generator[None,
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):
-        raise pytest.UsageError("bench.process_census needs -n 0 (one process sees all)")
     out = session.config.getoption("--census-out")
     out.write_text(json.dumps(_FOUND, indent=1, sort_keys=True) + "\n")
     modules = sorted({test_id.split("::", 1)[0] for test_id in _FOUND})
