@@ -7,7 +7,9 @@ as a hung test run:
 - a fresh rank that returns but then exits with another code than 0 (an abort while
   the interpreter ends) is named, with its code;
 - ranks still running at the deadline are named as hung, with the Python stacks they
-  were stuck in (faulthandler, dumped on SIGUSR1 just before they are killed);
+  were stuck in (faulthandler, dumped on SIGUSR1 just before they are killed), and the
+  stacks, Python and native, of the processes each hung rank started (its collate processes and
+  workers: :mod:`harness.descendant_stacks`);
 - when the helper returns or raises, every rank process and its descendants are dead,
   or the rank is back in its pool, clean (below).
 
@@ -50,6 +52,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.descendant_stacks import descendant_stacks
 from harness.processes import host_store
 from harness.rank_handle import RankHandle, wait_for_stage
 from harness.rank_process import CALL_FILE, SETTLE_S, Call
@@ -255,7 +258,12 @@ def _run(ranks: Sequence[RankHandle], workdir: str, timeout: float, fresh: bool)
     for number in hung:
         ranks[number].signal(signal.SIGUSR1)
     _wait_for_stacks(workdir, hung)
-    return _collect(ranks, hung, workdir, when)
+    below = {number: _descendants_of(ranks[number]) for number in hung}
+    return _collect(ranks, below, workdir, when)
+
+
+def _descendants_of(rank: RankHandle) -> str:
+    return "(unknown: no pid)" if rank.pid is None else descendant_stacks(rank.pid)
 
 
 def _wait_for_stacks(workdir: str, ranks: Sequence[int]) -> None:
@@ -273,7 +281,12 @@ def _read_stack(workdir: str, rank: int) -> str:
     return text or "(no stack dumped: the rank had not reached its faulthandler set-up)"
 
 
-def _collect(ranks: Sequence[RankHandle], hung: list[int], workdir: str, when: str) -> list[Any]:
+def _collect(
+    ranks: Sequence[RankHandle], below: dict[int, str], workdir: str, when: str
+) -> list[Any]:
+    """Each rank's result; raise the failures, earliest first, and the hung ranks' stacks
+    (``below``: the stacks of each hung rank's descendants)."""
+    hung = sorted(below)
     results: list[Any] = []
     failures: list[tuple[int, str]] = []  # (when reported, message)
     for number, rank in enumerate(ranks):
@@ -297,8 +310,8 @@ def _collect(ranks: Sequence[RankHandle], hung: list[int], workdir: str, when: s
         if hung:
             why = "after another rank failed" if failures else when
             parts.append(f"ranks {hung} hung (still running {why}); killed. Their stacks:")
-            parts.extend(f"--- rank {rank} ---\n{_read_stack(workdir, rank)}" for rank in hung)
+            for number in hung:
+                parts.append(f"--- rank {number} ---\n{_read_stack(workdir, number)}")
+                parts.append(f"--- rank {number}'s descendants (py-spy) ---\n{below[number]}")
         raise AssertionError("\n\n".join(parts))
     return results
-
-

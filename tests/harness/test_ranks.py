@@ -123,6 +123,11 @@ def test_hung_rank_is_reported_with_stack_and_killed(tmp_path, fresh):
     assert "ranks [0, 1] hung" in message
     assert "at the 5.0 s timeout" in message  # counted from fn's start, not the spawn
     assert "_hang_on_last_rank" in message  # both ranks' stacks point into the test fn
+    child = int((tmp_path / "child.pid").read_text())
+    below = message.split("--- rank 1's descendants (py-spy) ---")[1]
+    # the hung rank's child, with its stack: in time.sleep, in the kernel's sleep
+    assert f"Process {child}: " in below, below
+    assert "<module> (<string>:1)" in below and "clock_nanosleep" in below, below
     assert pool.pids() == []
     assert all(_gone(pid) for pid in _read_pids(tmp_path)), "a hung rank survived"
     assert _gone(int((tmp_path / "child.pid").read_text())), "the hung rank's child survived"
