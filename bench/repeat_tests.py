@@ -9,13 +9,15 @@ between repeats) with a hard limit (``--timeout-s``): a repeat still running the
 ``faulthandler_timeout``, shortly before the limit) and each process's kernel waits
 (:mod:`bench._repeat_run`). A **failure** is a repeat that did not hang but had a red
 test, or exited non-zero. ``--modules dist`` repeats, one module at a time, every test
-module with a test marked ``dist`` or ``slurm`` (collected, not listed by hand);
-``--load N`` runs N busy processes beside the repeats. With ``--out-dir`` each
-module's JSON goes to its own file there (``bench.repeat_table`` makes the Markdown
-table), with the logs of repeats that did not pass under ``logs/``. Prints JSON: per
-selection the repeats, failures, hangs, per test id the passes, failures, errors and
-skips, and the wall times. With ``--stop-on-failure`` a selection's loop ends at its
-first failure or hang (the "20 in a row" rule).
+module with a test marked ``dist`` or ``slurm`` (collected, not listed by hand), in
+rounds: every module once per round. ``--load N`` runs N busy processes beside the
+repeats. With ``--out-dir`` each module's JSON goes to its own file there after every
+repeat (``bench.repeat_table`` makes the Markdown table), with the logs of repeats that
+did not pass under ``logs/``; ``--resume`` goes on from those files, on the commit they
+name (a campaign longer than a session). Prints JSON: per selection the commit, the
+repeats, failures, hangs, per test id the passes, failures, errors and skips, and the
+wall times. With ``--stop-on-failure`` a selection is not repeated after its first
+failure or hang (the "20 in a row" rule).
 """
 
 from __future__ import annotations
@@ -64,75 +66,139 @@ def parse_junit(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def repeat(
-    selection: list[str],
-    times: int,
-    stop_on_failure: bool,
-    limit_s: float = 1800.0,
-    logs: Path | None = None,
-) -> dict[str, Any]:
-    """Run ``selection`` ``times`` times; count failures, hangs and outcomes per test.
+class Tally:
+    """One selection's repeats so far: counts, per-test outcomes, walls, kept logs.
 
-    Logs of repeats that failed or hung are kept under ``logs`` (when given).
+    Its JSON (:meth:`result`) is what ``--out-dir`` saves after every repeat, and what
+    ``--resume`` reads back (:meth:`from_result`) to go on where a campaign stopped.
     """
-    tally: dict[str, Counter] = defaultdict(Counter)
-    walls: list[float] = []
-    loads: list[float] = []
-    failures, hangs, kept = 0, 0, []
-    with tempfile.TemporaryDirectory() as tmp:
-        for k in range(times):
-            junit, log = Path(tmp) / f"run{k}.xml", Path(tmp) / f"run{k}.log"
-            code, wall = run_limited(pytest_command(selection, junit, limit_s), limit_s, log)
-            walls.append(wall)
-            loads.append(round(os.getloadavg()[0], 1))  # the machine may be shared
+
+    def __init__(self, selection: list[str], commit: str) -> None:
+        self.selection, self.commit = selection, commit
+        self.per_test: dict[str, Counter] = defaultdict(Counter)
+        self.walls: list[float] = []
+        self.loads: list[float] = []
+        self.failures, self.hangs = 0, 0
+        self.logs: list[str] = []
+
+    @classmethod
+    def from_result(cls, result: dict[str, Any]) -> Tally:
+        tally = cls(result["selection"], result["commit"])
+        for test_id, counts in result["per_test"].items():
+            tally.per_test[test_id].update(counts)
+        tally.walls, tally.loads = (
+            result["wall_s_per_repeat"],
+            result["load_average_1min_per_repeat"],
+        )
+        tally.failures, tally.hangs, tally.logs = (
+            result["failures"],
+            result["hangs"],
+            result["logs"],
+        )
+        return tally
+
+    @property
+    def runs(self) -> int:
+        return len(self.walls)
+
+    @property
+    def red(self) -> bool:
+        return self.failures + self.hangs > 0
+
+    def run_once(self, limit_s: float, logs: Path | None) -> None:
+        """One more repeat, counted; its log kept under ``logs`` when it did not pass."""
+        k = self.runs + 1
+        with tempfile.TemporaryDirectory() as tmp:
+            junit, log = Path(tmp) / "run.xml", Path(tmp) / "run.log"
+            code, wall = run_limited(pytest_command(self.selection, junit, limit_s), limit_s, log)
             outcomes = parse_junit(junit) if code is not None and junit.exists() else {}
-            for test_id, outcome in outcomes.items():
-                tally[test_id][outcome] += 1
             red = sorted(t for t, o in outcomes.items() if o in _RED)
             hung = code is None
             failed = not hung and (bool(red) or code != 0)
-            hangs, failures = hangs + hung, failures + failed
             if (hung or failed) and logs is not None:
                 logs.mkdir(parents=True, exist_ok=True)
-                name = "_".join(Path(s).stem for s in selection)[:80]
-                kept.append(str(shutil.copy(log, logs / f"{name}.repeat{k + 1}.log")))
-            what = "HANG" if hung else f"exit {code}, {len(red)} red {red}"
-            progress(f"{selection} repeat {k + 1}/{times}: {wall} s, {what}")
-            if (hung or failed) and stop_on_failure:
-                break
-    runs = len(walls)
-    per_test = {t: {o: c[o] for o in OUTCOMES} for t, c in sorted(tally.items())}
-    return dict(
-        selection=selection,
-        repeats_run=runs,
-        failures=failures,
-        hangs=hangs,
-        tests=len(per_test),
-        all_passed_every_time=failures == 0 and hangs == 0,
-        per_test=per_test,
-        wall_s_per_repeat=walls,
-        load_average_1min_per_repeat=loads,
-        logs=kept,
-    )
+                name = "_".join(Path(s).stem for s in self.selection)[:80]
+                self.logs.append(str(shutil.copy(log, logs / f"{name}.repeat{k}.log")))
+        for test_id, outcome in outcomes.items():
+            self.per_test[test_id][outcome] += 1
+        self.walls.append(wall)
+        self.loads.append(round(os.getloadavg()[0], 1))  # the machine may be shared
+        self.hangs, self.failures = self.hangs + hung, self.failures + failed
+        what = "HANG" if hung else f"exit {code}, {len(red)} red {red}"
+        progress(f"{self.selection} repeat {k}: {wall} s, {what}")
+
+    def result(self) -> dict[str, Any]:
+        per_test = {t: {o: c[o] for o in OUTCOMES} for t, c in sorted(self.per_test.items())}
+        return dict(
+            selection=self.selection,
+            commit=self.commit,
+            repeats_run=self.runs,
+            failures=self.failures,
+            hangs=self.hangs,
+            tests=len(per_test),
+            all_passed_every_time=not self.red,
+            per_test=per_test,
+            wall_s_per_repeat=self.walls,
+            load_average_1min_per_repeat=self.loads,
+            logs=self.logs,
+        )
+
+
+def checkout_commit() -> str:
+    """The commit of the checkout the tests run from, ``+dirty`` with uncommitted changes."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], check=False, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _result_path(out_dir: Path, selection: list[str]) -> Path:
+    name = "_".join(Path(s).with_suffix("").as_posix() for s in selection)
+    return out_dir / (name.replace("/", ".")[:150] + ".json")
+
+
+def _tallies(args: Any, selections: list[list[str]], commit: str) -> list[Tally]:
+    """A fresh tally per selection; with ``--resume``, the saved ones of this commit."""
+    tallies = []
+    for selection in selections:
+        saved = _result_path(args.out_dir, selection) if args.out_dir is not None else None
+        if args.resume and saved is not None and saved.exists():
+            tally = Tally.from_result(json.loads(saved.read_text()))
+            if tally.commit != commit:
+                raise SystemExit(
+                    f"{saved} holds repeats of commit {tally.commit}, this checkout is "
+                    f"{commit}: a campaign counts one commit. Use another --out-dir."
+                )
+            tallies.append(tally)
+        else:
+            tallies.append(Tally(selection, commit))
+    return tallies
 
 
 def _campaign(args: Any) -> dict[str, Any]:
+    """Round by round: every selection once per round, so a campaign cut short (or
+    resumed later with ``--resume``) has covered every selection evenly."""
     if args.modules:
         selections = [[m] for m in marked_modules(MODULE_SETS[args.modules])]
     else:
         selections = [args.selection]
-    results = []
+    tallies = _tallies(args, selections, checkout_commit())
+    logs = args.out_dir / "logs" if args.out_dir is not None else None
+    extra = dict(load=args.load, limit_s=args.timeout_s, machine=machine())
     with Load(args.load):
-        for selection in selections:
-            logs = args.out_dir / "logs" if args.out_dir is not None else None
-            result = repeat(selection, args.times, args.stop_on_failure, args.timeout_s, logs)
-            result |= dict(load=args.load, limit_s=args.timeout_s, machine=machine())
-            results.append(result)
-            if args.out_dir is not None:
-                name = "_".join(Path(s).with_suffix("").as_posix() for s in selection)
-                emit_to = args.out_dir / (name.replace("/", ".")[:150] + ".json")
-                emit_to.parent.mkdir(parents=True, exist_ok=True)
-                emit_to.write_text(json.dumps(result, indent=2) + "\n")
+        for _ in range(args.times):
+            for tally in tallies:
+                if tally.runs >= args.times or (args.stop_on_failure and tally.red):
+                    continue
+                tally.run_once(args.timeout_s, logs)
+                if args.out_dir is not None:  # saved after every repeat: nothing lost to a stop
+                    saved = _result_path(args.out_dir, tally.selection)
+                    saved.parent.mkdir(parents=True, exist_ok=True)
+                    saved.write_text(json.dumps(tally.result() | extra, indent=2) + "\n")
+    results = [tally.result() | extra for tally in tallies]
     return dict(
         command="python -m bench.repeat_tests " + " ".join(args.argv),
         all_passed_every_time=all(r["all_passed_every_time"] for r in results),
@@ -149,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=int, default=0, help="busy processes beside the repeats")
     p.add_argument("--out-dir", type=Path, default=None, help="one JSON per selection here")
     p.add_argument("--stop-on-failure", action="store_true", help="stop at the first red run")
+    p.add_argument(
+        "--resume", action="store_true", help="go on from --out-dir's saved repeats (one commit)"
+    )
     args = p.parse_args(argv)
     if args.times < 1:
         p.error(f"--times must be >= 1, got {args.times}")
@@ -156,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give a selection (pytest paths or node ids) or --modules dist")
     if args.selection and args.modules:
         p.error("give a selection or --modules, not both")
+    if args.resume and args.out_dir is None:
+        p.error("--resume goes on from the repeats saved in --out-dir: give --out-dir")
     if args.timeout_s <= 0 or args.load < 0:
         p.error(f"--timeout-s must be > 0 and --load >= 0, got {args.timeout_s}, {args.load}")
     args.argv = sys.argv[1:] if argv is None else argv

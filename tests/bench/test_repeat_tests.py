@@ -69,6 +69,33 @@ def test_stop_on_failure_ends_at_first_red_run(tmp_path: Path, monkeypatch) -> N
 
 
 @pytest.mark.slow
+def test_resume_goes_on_from_the_saved_repeats_of_the_same_commit(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    test_file = tmp_path / "test_sample.py"
+    test_file.write_text(FLAKY)
+    monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
+    out_dir = tmp_path / "repeats"
+    assert main([str(test_file), "--times", "1", "--out-dir", str(out_dir)]) == 0
+    (saved,) = out_dir.glob("*.json")
+    first = json.loads(saved.read_text())
+    assert first["repeats_run"] == 1 and first["commit"]  # saved after the repeat
+    assert main([str(test_file), "--times", "2", "--out-dir", str(out_dir), "--resume"]) == 1
+    resumed = json.loads(saved.read_text())
+    assert (resumed["repeats_run"], resumed["failures"], resumed["commit"]) == (
+        2, 1, first["commit"],
+    )  # fmt: skip
+    by_name = {k.rsplit("::", 1)[1]: v for k, v in resumed["per_test"].items()}
+    assert by_name["test_second_run_fails"] == dict(passed=1, failed=1, error=0, skipped=0)
+    saved.write_text(json.dumps(resumed | {"commit": "0" * 40}))
+    with pytest.raises(SystemExit, match="a campaign counts one commit"):
+        main([str(test_file), "--times", "3", "--out-dir", str(out_dir), "--resume"])
+    with pytest.raises(SystemExit):
+        main([str(test_file), "--resume"])
+    assert "--resume goes on from the repeats saved in --out-dir" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_repeat_past_its_limit_is_a_hang_with_its_stacks_kept(
     tmp_path: Path, monkeypatch
 ) -> None:
