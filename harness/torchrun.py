@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from harness.descendant_stacks import descendant_stacks
 from harness.processes import kill_tree
 
 _PROGRESS_BAR = re.compile(r"\d+%\|.*\||\[\d\d:\d\d<")
@@ -59,7 +60,8 @@ def run_torchrun(
 
     Raises:
         AssertionError: still running after ``timeout`` seconds; the launcher and all
-            its workers are killed first, and the message holds the output so far.
+            its workers are killed first, and the message holds the output so far and
+            the stacks of the launcher's descendants (:mod:`harness.descendant_stacks`).
 
     Example:
         >>> code, out, err = run_torchrun("train_tiny.py", 2, ["--steps", "3"], timeout=60)
@@ -77,12 +79,14 @@ def run_torchrun(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = descendant_stacks(proc.pid)  # the workers, their collate processes
         kill_tree([proc.pid], groups=[proc.pid])
         out, err = proc.communicate()
         raise AssertionError(
             f"torchrun ({world_size} ranks) still running after {timeout:.1f} s; killed.\n"
             f"command: {' '.join(cmd)}\n--- stdout ---\n{out[-4000:]}\n"
-            f"--- stderr ---\n{err[-4000:]}"
+            f"--- stderr ---\n{err[-4000:]}\n--- the launcher's descendants (py-spy) ---\n"
+            f"{stacks}"
         ) from None
     except BaseException:
         kill_tree([proc.pid], groups=[proc.pid])

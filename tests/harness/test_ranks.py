@@ -309,6 +309,8 @@ def test_torchrun_runs_script(tmp_path):
 def test_torchrun_timeout_kills_tree(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
-    with pytest.raises(AssertionError, match="still running after"):
+    with pytest.raises(AssertionError, match="still running after") as excinfo:
         run_torchrun(script, 2, timeout=10)
     assert _live_descendants() == []
+    stacks = str(excinfo.value).split("--- the launcher's descendants (py-spy) ---")[1]
+    assert stacks.count("<module> (hang.py:3)") == 2, stacks  # each worker, where it waits
