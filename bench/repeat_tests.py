@@ -13,8 +13,9 @@ module with a test marked ``dist`` or ``slurm`` (collected, not listed by hand),
 rounds: every module once per round. ``--load N`` runs N busy processes beside the
 repeats. With ``--out-dir`` each module's JSON goes to its own file there after every
 repeat (``bench.repeat_table`` makes the Markdown table), with the logs of repeats that
-did not pass under ``logs/``; ``--resume`` goes on from those files, on the commit they
-name (a campaign longer than a session). Prints JSON: per selection the commit, the
+did not pass under ``logs/``; ``--resume`` goes on from those files when this checkout's
+code is that of the commit they name (only docs may differ: a campaign longer than a
+session, its table landed between). Prints JSON: per selection the commit, the
 repeats, failures, hangs, per test id the passes, failures, errors and skips, and the
 wall times. With ``--stop-on-failure`` a selection is not repeated after its first
 failure or hang (the "20 in a row" rule).
@@ -144,15 +145,28 @@ class Tally:
         )
 
 
+# What a campaign does not count as its code: it may change between a campaign's repeats
+# (the campaign's own table lands in docs/ after them).
+NOT_CODE = (":(exclude)docs", ":(exclude)CHANGELOG.md", ":(exclude)README.md")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], check=False, capture_output=True, text=True)
+
+
 def checkout_commit() -> str:
     """The commit of the checkout the tests run from, ``+dirty`` with uncommitted changes."""
+    head = _git("rev-parse", "HEAD").stdout.strip() or "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head + ("+dirty" if dirty else "")
 
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], check=False, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
 
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+def same_code(commit: str) -> bool:
+    """Whether this checkout's code is ``commit``'s: no change outside :data:`NOT_CODE`,
+    committed since or uncommitted."""
+    if commit.endswith("+dirty"):
+        return False
+    return _git("diff", "--quiet", commit, "--", ".", *NOT_CODE).returncode == 0
 
 
 def _result_path(out_dir: Path, selection: list[str]) -> Path:
@@ -161,16 +175,17 @@ def _result_path(out_dir: Path, selection: list[str]) -> Path:
 
 
 def _tallies(args: Any, selections: list[list[str]], commit: str) -> list[Tally]:
-    """A fresh tally per selection; with ``--resume``, the saved ones of this commit."""
+    """A fresh tally per selection; with ``--resume``, the saved ones (same code)."""
     tallies = []
     for selection in selections:
         saved = _result_path(args.out_dir, selection) if args.out_dir is not None else None
         if args.resume and saved is not None and saved.exists():
             tally = Tally.from_result(json.loads(saved.read_text()))
-            if tally.commit != commit:
+            if not same_code(tally.commit):
                 raise SystemExit(
-                    f"{saved} holds repeats of commit {tally.commit}, this checkout is "
-                    f"{commit}: a campaign counts one commit. Use another --out-dir."
+                    f"{saved} holds repeats of commit {tally.commit}; this checkout "
+                    f"({commit}) differs from it outside docs: a campaign counts one "
+                    "code. Use another --out-dir."
                 )
             tallies.append(tally)
         else:
@@ -216,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=None, help="one JSON per selection here")
     p.add_argument("--stop-on-failure", action="store_true", help="stop at the first red run")
     p.add_argument(
-        "--resume", action="store_true", help="go on from --out-dir's saved repeats (one commit)"
+        "--resume", action="store_true", help="go on from --out-dir's saved repeats (same code)"
     )
     args = p.parse_args(argv)
     if args.times < 1:

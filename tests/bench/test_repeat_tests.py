@@ -4,6 +4,7 @@ repeated pytest runs; ``bench.repeat_table`` tabulates them."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -11,7 +12,11 @@ import pytest
 
 from bench._repeat_run import Load
 from bench.repeat_table import main as table_main
-from bench.repeat_tests import main, marked_modules
+from bench.repeat_tests import checkout_commit, main, marked_modules, same_code
+
+ROOT_COMMIT = subprocess.run(
+    ["git", "rev-list", "--max-parents=0", "HEAD"], check=True, capture_output=True, text=True
+).stdout.split()[0]
 
 FLAKY = """
 import os, pathlib, pytest
@@ -68,6 +73,13 @@ def test_stop_on_failure_ends_at_first_red_run(tmp_path: Path, monkeypatch) -> N
     assert json.loads(out.read_text())["selections"][0]["repeats_run"] == 2
 
 
+def test_same_code_allows_docs_changes_only() -> None:
+    head = checkout_commit()
+    assert same_code(head) == (not head.endswith("+dirty"))
+    assert not same_code(ROOT_COMMIT)  # the first commit: everything changed since
+    assert not same_code("0" * 40)  # not a commit of this repository
+
+
 @pytest.mark.slow
 def test_resume_goes_on_from_the_saved_repeats_of_the_same_commit(
     tmp_path: Path, monkeypatch, capsys
@@ -87,8 +99,8 @@ def test_resume_goes_on_from_the_saved_repeats_of_the_same_commit(
     )  # fmt: skip
     by_name = {k.rsplit("::", 1)[1]: v for k, v in resumed["per_test"].items()}
     assert by_name["test_second_run_fails"] == dict(passed=1, failed=1, error=0, skipped=0)
-    saved.write_text(json.dumps(resumed | {"commit": "0" * 40}))
-    with pytest.raises(SystemExit, match="a campaign counts one commit"):
+    saved.write_text(json.dumps(resumed | {"commit": ROOT_COMMIT}))  # other code
+    with pytest.raises(SystemExit, match="a campaign counts one code"):
         main([str(test_file), "--times", "3", "--out-dir", str(out_dir), "--resume"])
     with pytest.raises(SystemExit):
         main([str(test_file), "--resume"])
