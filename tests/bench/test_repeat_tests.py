@@ -14,10 +14,6 @@ from bench._repeat_run import Load
 from bench.repeat_table import main as table_main
 from bench.repeat_tests import checkout_commit, main, marked_modules, same_code
 
-ROOT_COMMIT = subprocess.run(
-    ["git", "rev-list", "--max-parents=0", "HEAD"], check=True, capture_output=True, text=True
-).stdout.split()[0]
-
 FLAKY = """
 import os, pathlib, pytest
 
@@ -73,37 +69,68 @@ def test_stop_on_failure_ends_at_first_red_run(tmp_path: Path, monkeypatch) -> N
     assert json.loads(out.read_text())["selections"][0]["repeats_run"] == 2
 
 
-def test_same_code_allows_docs_changes_only() -> None:
-    head = checkout_commit()
-    assert same_code(head) == (not head.endswith("+dirty"))
-    assert not same_code(ROOT_COMMIT)  # the first commit: everything changed since
+def _commit_all(repo: Path, message: str) -> str:
+    """Commit everything in ``repo`` (a scratch repository); its commit id."""
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], check=True, capture_output=True)
+    subprocess.run([*git, "commit", "-qm", message], check=True, capture_output=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _scratch_repo(tmp_path: Path, monkeypatch) -> Path:
+    """A git repository holding the FLAKY test file, as the working directory."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "test_sample.py").write_text(FLAKY)
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
+    return repo
+
+
+def test_same_code_allows_docs_changes_only(tmp_path: Path, monkeypatch) -> None:
+    repo = _scratch_repo(tmp_path, monkeypatch)
+    first = _commit_all(repo, "code")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "testing.md").write_text("the table\n")
+    (repo / "CHANGELOG.md").write_text("history\n")
+    docs_only = _commit_all(repo, "docs")
+    assert checkout_commit() == docs_only and same_code(first)
+    (repo / "test_sample.py").write_text(FLAKY + "# changed\n")
+    assert checkout_commit() == docs_only + "+dirty" and not same_code(first)
+    _commit_all(repo, "code again")
+    assert not same_code(first)
+    assert not same_code(docs_only + "+dirty")  # repeats of uncommitted code
     assert not same_code("0" * 40)  # not a commit of this repository
 
 
 @pytest.mark.slow
-def test_resume_goes_on_from_the_saved_repeats_of_the_same_commit(
+def test_resume_goes_on_from_the_saved_repeats_of_the_same_code(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    test_file = tmp_path / "test_sample.py"
-    test_file.write_text(FLAKY)
-    monkeypatch.setenv("REPEAT_MARKER", str(tmp_path / "marker"))
+    repo = _scratch_repo(tmp_path, monkeypatch)
+    first = _commit_all(repo, "code")
     out_dir = tmp_path / "repeats"
-    assert main([str(test_file), "--times", "1", "--out-dir", str(out_dir)]) == 0
+    argv = ["test_sample.py", "--out-dir", str(out_dir)]
+    assert main([*argv, "--times", "1"]) == 0
     (saved,) = out_dir.glob("*.json")
-    first = json.loads(saved.read_text())
-    assert first["repeats_run"] == 1 and first["commit"]  # saved after the repeat
-    assert main([str(test_file), "--times", "2", "--out-dir", str(out_dir), "--resume"]) == 1
+    assert json.loads(saved.read_text())["commit"] == first  # saved after the repeat
+    (repo / "docs").mkdir()
+    (repo / "docs" / "testing.md").write_text("the first repeat's table\n")
+    _commit_all(repo, "docs")
+    assert main([*argv, "--times", "2", "--resume"]) == 1
     resumed = json.loads(saved.read_text())
-    assert (resumed["repeats_run"], resumed["failures"], resumed["commit"]) == (
-        2, 1, first["commit"],
-    )  # fmt: skip
+    assert (resumed["repeats_run"], resumed["failures"], resumed["commit"]) == (2, 1, first)
     by_name = {k.rsplit("::", 1)[1]: v for k, v in resumed["per_test"].items()}
     assert by_name["test_second_run_fails"] == dict(passed=1, failed=1, error=0, skipped=0)
-    saved.write_text(json.dumps(resumed | {"commit": ROOT_COMMIT}))  # other code
+    (repo / "test_sample.py").write_text(FLAKY + "# changed\n")
+    _commit_all(repo, "code again")
     with pytest.raises(SystemExit, match="a campaign counts one code"):
-        main([str(test_file), "--times", "3", "--out-dir", str(out_dir), "--resume"])
+        main([*argv, "--times", "3", "--resume"])
     with pytest.raises(SystemExit):
-        main([str(test_file), "--resume"])
+        main(["test_sample.py", "--resume"])
     assert "--resume goes on from the repeats saved in --out-dir" in capsys.readouterr().err
 
 
