@@ -3,7 +3,8 @@
 :func:`run_limited` runs ``pytest`` in its own session; a run still going at the limit
 is a hang: pytest's own ``faulthandler_timeout`` has printed every thread's stack of
 the pytest process shortly before, the process tree's states (each thread's kernel
-wait) are read from ``/proc``, both are saved, and the whole session is killed.
+wait) are read from ``/proc`` and every process's stacks with py-spy
+(:mod:`harness.descendant_stacks`), all are saved, and the whole session is killed.
 :class:`Load` starts busy processes and stops them, whatever happens between.
 """
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from harness.descendant_stacks import descendant_stacks, process_stacks
 
 # pytest dumps its threads' stacks this long before the repeat's limit.
 _DUMP_MARGIN_S = 20.0
@@ -47,6 +50,8 @@ def run_limited(cmd: list[str], limit_s: float, log: Path) -> tuple[int | None, 
             code = None
             out.write(f"\n=== HANG: still running after {limit_s} s; the process tree ===\n")
             out.write(describe_tree(proc.pid))
+            out.write("\n=== each process's stacks (py-spy) ===\n")
+            out.write(process_stacks(proc.pid) + "\n\n" + descendant_stacks(proc.pid) + "\n")
             out.flush()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

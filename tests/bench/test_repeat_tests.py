@@ -153,6 +153,7 @@ def test_a_repeat_past_its_limit_is_a_hang_with_its_stacks_kept(
     text = Path(log).read_text()
     assert "=== HANG" in text and "test_hangs_the_second_time" in text  # pytest's stack dump
     assert "wchan" in text
+    assert "test_hangs_the_second_time (" in text.split("=== each process's stacks (py-spy)")[1]
     table_main([str(result_file)])
 
 
