@@ -30,8 +30,11 @@ from odb._process.gil_handoff import GLOO_THREADS, gloo_thread_states, hand_over
 def names():
     found = {}
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/comm") as comm:
-            found[task] = comm.read().strip()
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                found[task] = comm.read().strip()
+        except OSError:  # the thread ended while listed (the timer's, in mode late)
+            continue
     return found
 
 def gloo_names():
