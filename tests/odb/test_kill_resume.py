@@ -39,6 +39,7 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path: Path) -> None:
         SCRIPT, 2, [str(tmp_path), "kill"], timeout=150, env={"PYTHONPATH": ROOT}
     )
     assert code != 0, "the killed run must fail"
+    assert list(tmp_path.glob("children_kill_*.txt")), f"no rank had a batch:\n{err[-3000:]}"
     deadline = time.monotonic() + 15
     while _alive(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
