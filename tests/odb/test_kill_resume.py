@@ -23,10 +23,11 @@ def _ids(path: Path) -> list[int]:
     return [int(t) for line in path.read_text().splitlines() for t in line.split()]
 
 
-def _alive(tmp_path: Path) -> list[int]:
-    """Children (collate process, workers) the killed run's ranks recorded, still alive."""
+def _alive(tmp_path: Path, err: str) -> list[int]:
+    """Children (collate process, workers) the killed run's ranks recorded, still alive;
+    ``err``, the killed run's stderr, says why when no rank reached its first batch."""
     pids = [int(p) for f in tmp_path.glob("children_kill_*.txt") for p in f.read_text().split()]
-    assert pids, "the ranks did not record their children"
+    assert pids, f"no rank of the killed run had a batch; its stderr:\n{err[-3000:]}"
     return [
         p
         for p in pids
@@ -39,11 +40,10 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path: Path) -> None:
         SCRIPT, 2, [str(tmp_path), "kill"], timeout=150, env={"PYTHONPATH": ROOT}
     )
     assert code != 0, "the killed run must fail"
-    assert list(tmp_path.glob("children_kill_*.txt")), f"no rank had a batch:\n{err[-3000:]}"
     deadline = time.monotonic() + 15
-    while _alive(tmp_path) and time.monotonic() < deadline:
+    while _alive(tmp_path, err) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _alive(tmp_path) == [], "processes of the killed run were left behind"
+    assert _alive(tmp_path, err) == [], "processes of the killed run were left behind"
     pieces = [torch.load(p, weights_only=False) for p in sorted(tmp_path.glob("ckpt_*.pt"))]
     assert len(pieces) == 2, "each rank saves its own piece"
     consumed = merge_pieces(parse_pieces(pieces)).consumed

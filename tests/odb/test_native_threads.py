@@ -13,13 +13,13 @@ exception").
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
 
 import odb
 from harness.scenarios import LengthDataset
+from harness.threads import thread_names
 from odb._process import trainer_runner
 from odb._process.rendezvous import StoreHost
 from tests.odb.rank_calls import LazyCalls
@@ -35,18 +35,6 @@ _CASES = [
 ]
 
 
-def tasks() -> dict[int, str]:
-    """This process's threads: ``{thread id: name}`` (``/proc/self/task/*/comm``)."""
-    names = {}
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                names[int(task)] = comm.read().strip()
-        except OSError:  # the thread ended while listed: ENOENT, or ESRCH while it exits
-            continue
-    return names
-
-
 def native_threads(since: dict[int, str] | None = None) -> Counter[str]:
     """ODB's kinds of thread, by name; with ``since``, only threads not in it.
 
@@ -55,13 +43,13 @@ def native_threads(since: dict[int, str] | None = None) -> Counter[str]:
     name there.
     """
     old = since or {}
-    return Counter(n for t, n in tasks().items() if n in ODB_THREADS and t not in old)
+    return Counter(n for t, n in thread_names().items() if n in ODB_THREADS and t not in old)
 
 
 def _loader_threads(rank: int, world_size: int, mode: str, end: str) -> dict[str, dict]:
     """Rank body: ODB's threads before the loader, while it runs, and after it ends."""
     del rank, world_size
-    before = tasks()
+    before = thread_names()
     loader = odb.ODBLoader(
         LengthDataset([8 + i % 24 for i in range(96)]),
         token_budget=64,

@@ -24,21 +24,12 @@ LIMIT_S = 60.0  # far above a resting group's few sleeps: reaching it means it n
 # "late" forces that ordering: the Gloo threads carry the process's name until 0.5 s
 # after the all-reduce (written to their /proc comm, then written back).
 _MEASURE = """
-import json, os, sys, threading, time
+import json, sys, threading, time
+from harness.threads import thread_names
 from odb._process.gil_handoff import GLOO_THREADS, gloo_thread_states, hand_over_gil
 
-def names():
-    found = {}
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                found[task] = comm.read().strip()
-        except OSError:  # the thread ended while listed (the timer's, in mode late)
-            continue
-    return found
-
 def gloo_names():
-    return [name for name in names().values() if name in GLOO_THREADS]
+    return [name for name in thread_names().values() if name in GLOO_THREADS]
 
 def rename(tasks):
     for task, name in tasks.items():
@@ -51,16 +42,16 @@ if sys.argv[1] != "none":
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     dist.all_reduce(torch.ones(4))
     if sys.argv[1] == "late":
-        gloo = {task: name for task, name in names().items() if name in GLOO_THREADS}
+        gloo = {task: name for task, name in thread_names().items() if name in GLOO_THREADS}
         rename(dict.fromkeys(gloo, "python"))
         threading.Timer(0.5, rename, (gloo,)).start()
     named_by = time.monotonic() + 60
     while set(gloo_names()) != GLOO_THREADS and time.monotonic() < named_by:
         time.sleep(0.01)
-names = gloo_names()
+named = gloo_names()
 started = time.monotonic()
 sleeps = hand_over_gil(limit_s=float(sys.argv[2]))
-print(json.dumps([names, gloo_thread_states(), sleeps, time.monotonic() - started]))
+print(json.dumps([named, gloo_thread_states(), sleeps, time.monotonic() - started]))
 """
 
 
