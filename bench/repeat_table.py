@@ -2,7 +2,8 @@
 
     python -m bench.repeat_table results/repeats/*.json
 
-One row per selection (file): module, repeats, failures, hangs, load (busy processes
+One row per selection (file): the commit it repeated, module, repeats, failures, hangs,
+load (busy processes
 the campaign started beside it, and the machine's 1-minute load average at the repeats'
 ends, min-max: on a shared machine ``--load 0`` is not idle), wall time per repeat
 (min-max). Accepts both a per-module file (``--out-dir``)
@@ -16,7 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-HEADER = "| module | repeats | failures | hangs | load | s per repeat |\n|---|---|---|---|---|---|"
+HEADER = (
+    "| commit | module | repeats | failures | hangs | load | s per repeat |\n"
+    "|---|---|---|---|---|---|---|"
+)
 
 
 def rows_of(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -30,10 +34,16 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         walls = r.get("wall_s_per_repeat") or [0.0]
         lines.append(
-            f"| `{' '.join(r['selection'])}` | {r['repeats_run']} | {r['failures']} | "
-            f"{r['hangs']} | {_load(r)} | {min(walls):.0f}-{max(walls):.0f} |"
+            f"| {_commit(r)} | `{' '.join(r['selection'])}` | {r['repeats_run']} | "
+            f"{r['failures']} | {r['hangs']} | {_load(r)} | {min(walls):.0f}-{max(walls):.0f} |"
         )
     return "\n".join(lines)
+
+
+def _commit(result: dict[str, Any]) -> str:
+    """The short commit a selection's repeats ran (``+dirty``: uncommitted changes)."""
+    commit = result.get("commit") or "-"
+    return commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
 
 
 def _load(result: dict[str, Any]) -> str:

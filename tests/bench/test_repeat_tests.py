@@ -160,8 +160,9 @@ def test_a_repeat_past_its_limit_is_a_hang_with_its_stacks_kept(
 def test_the_table_has_a_row_per_selection(tmp_path: Path, capsys) -> None:
     doc = {
         "selections": [
-            dict(selection=["tests/a.py"], repeats_run=20, failures=1, hangs=0, load=2,
-                 wall_s_per_repeat=[10.2, 31.0], load_average_1min_per_repeat=[4.0, 2.5]),
+            dict(selection=["tests/a.py"], commit="0123456789ab", repeats_run=20, failures=1,
+                 hangs=0, load=2, wall_s_per_repeat=[10.2, 31.0],
+                 load_average_1min_per_repeat=[4.0, 2.5]),
             dict(selection=["tests/b.py"], repeats_run=5, failures=0, hangs=1, load=0,
                  wall_s_per_repeat=[3.0]),
         ]
@@ -170,8 +171,8 @@ def test_the_table_has_a_row_per_selection(tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(doc))
     table_main([str(path)])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2] == "| `tests/a.py` | 20 | 1 | 0 | 2 busy, load avg 2.5-4.0 | 10-31 |"
-    assert lines[3] == "| `tests/b.py` | 5 | 0 | 1 | 0 busy | 3-3 |"
+    assert lines[2] == "| 0123456 | `tests/a.py` | 20 | 1 | 0 | 2 busy, load avg 2.5-4.0 | 10-31 |"
+    assert lines[3] == "| - | `tests/b.py` | 5 | 0 | 1 | 0 busy | 3-3 |"
 
 
 def test_load_processes_run_inside_and_are_stopped_after() -> None:
