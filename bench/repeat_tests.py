@@ -14,8 +14,8 @@ rounds: every module once per round. ``--load N`` runs N busy processes beside t
 repeats. With ``--out-dir`` each module's JSON goes to its own file there after every
 repeat (``bench.repeat_table`` makes the Markdown table), with the logs of repeats that
 did not pass under ``logs/``; ``--resume`` goes on from those files when this checkout's
-code is that of the commit they name (only docs may differ: a campaign longer than a
-session, its table landed between). Prints JSON: per selection the commit, the
+code is that of the commit they name (only docs may differ: a campaign that outlasts
+one sitting, with its table committed between). Prints JSON: per selection the commit, the
 repeats, failures, hangs, per test id the passes, failures, errors and skips, and the
 wall times. With ``--stop-on-failure`` a selection is not repeated after its first
 failure or hang (the "20 in a row" rule).
