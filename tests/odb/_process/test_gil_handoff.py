@@ -28,8 +28,8 @@ import json, sys, threading, time
 from harness.threads import thread_names
 from odb._process.gil_handoff import GLOO_THREADS, gloo_thread_states, hand_over_gil
 
-def gloo_names():
-    return [name for name in thread_names().values() if name in GLOO_THREADS]
+def gloo_threads():
+    return {task: name for task, name in thread_names().items() if name in GLOO_THREADS}
 
 def rename(tasks):
     for task, name in tasks.items():
@@ -42,13 +42,13 @@ if sys.argv[1] != "none":
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     dist.all_reduce(torch.ones(4))
     if sys.argv[1] == "late":
-        gloo = {task: name for task, name in thread_names().items() if name in GLOO_THREADS}
+        gloo = gloo_threads()
         rename(dict.fromkeys(gloo, "python"))
         threading.Timer(0.5, rename, (gloo,)).start()
     named_by = time.monotonic() + 60
-    while set(gloo_names()) != GLOO_THREADS and time.monotonic() < named_by:
+    while set(gloo_threads().values()) != GLOO_THREADS and time.monotonic() < named_by:
         time.sleep(0.01)
-named = gloo_names()
+named = list(gloo_threads().values())
 started = time.monotonic()
 sleeps = hand_over_gil(limit_s=float(sys.argv[2]))
 print(json.dumps([named, gloo_thread_states(), sleeps, time.monotonic() - started]))
