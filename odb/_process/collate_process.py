@@ -78,6 +78,7 @@ def process_entry(
     # is the server's, and its parent never changes while the trainer lives.
     direct = os.getppid() == parent_pid
     threading.Thread(target=_watchdog, args=(parent_pid, direct, stop), daemon=True).start()
+    forked = setup is not None
     if setup is None:  # the handshake (trainer_startup.py): the setup arrives after the start
         setup = pickle.loads(jobs.recv_bytes())
     spec, rendezvous = setup
@@ -97,6 +98,8 @@ def process_entry(
     # it has freed it (else it stays until torch_shm_manager exits with the trainer).
     share_batches(None)
     del encoder
+    if not forked:  # mapped from its pickle here; a forked child inherited the mapping
+        heartbeat.release()
     gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
