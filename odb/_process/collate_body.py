@@ -43,11 +43,8 @@ POLL_S = 0.1
 class Heartbeat:
     """A counter the collate side bumps whenever it makes progress; the trainer reads it.
 
-    In process mode the counter is a one-element shared-memory tensor. Under the
-    ``file_system`` sharing strategy it is a named ``/dev/shm`` segment that goes once
-    every process that mapped it has freed it: a spawned or forkserver collate process
-    maps it (pickled to it) and ends without its teardown, so it calls :meth:`release`
-    first (a forked one inherited the trainer's mapping, which is the trainer's to free).
+    In process mode, a shared one-element tensor, which a spawned or forkserver collate
+    process frees before it ends (else its ``file_system`` name outlives the loader).
     """
 
     def __init__(self, shared: bool) -> None:
@@ -60,10 +57,6 @@ class Heartbeat:
 
     def value(self) -> int:
         return int(self.count[0])
-
-    def release(self) -> None:
-        """Free this process's mapping of the counter; later beats are not seen."""
-        self.count = torch.zeros(1, dtype=torch.int64)
 
 
 class _BeatingGroup(AlignmentGroup):

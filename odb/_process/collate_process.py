@@ -98,8 +98,8 @@ def process_entry(
     # it has freed it (else it stays until torch_shm_manager exits with the trainer).
     share_batches(None)
     del encoder
-    if not forked:  # mapped from its pickle here; a forked child inherited the mapping
-        heartbeat.release()
+    if not forked:  # its heartbeat was mapped from a pickle (a forked child's is inherited)
+        heartbeat.count = torch.zeros(1, dtype=torch.int64)
     gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
