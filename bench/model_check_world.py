@@ -115,9 +115,14 @@ def rebuild(config: ODBConfig, rank: int, state: RankState, reads: Reads = ()) -
     Raises:
         Violation: A read the rank would not make (its ``wants_read`` is False).
     """
-    rounds = RankRounds(config, state.view)
-    rounds.read_count, rounds.read_tokens = state.read, state.tokens
-    rounds.read_limit, rounds.rounds = state.limit, state.rounds
+    rounds = RankRounds.partway(
+        config,
+        state.view,
+        read_count=state.read,
+        read_tokens=state.tokens,
+        read_limit=state.limit,
+        rounds=state.rounds,
+    )
     for pos, length, age in state.buffer:
         rounds.buffer.add(length, 0, _payload(rank, pos, length), age=age)
     for item in reads:

@@ -24,6 +24,11 @@ What is audited per scenario (``audit``), then summed:
 - ``step_count_disagreements``: epochs in which the ranks yielded different numbers of
   steps;
 - ``budget_violations``: multi-sample groups whose padded cost exceeds the budget;
+- ``shm_leaks``: ``/dev/shm`` entries named for a process of the soak (torch's shared
+  storages ``torch_<pid>_...``, multiprocessing's heap arenas) that no live process holds
+  once the scenarios that made them ended (``harness.shm_audit``): a storage whose last
+  user let go without its name going, left until ``torch_shm_manager`` exits, or for
+  good when it is killed with its job;
 - ``failures``: everything else (a rank raised, or another invariant of
   ``harness.scenarios.check_scenario`` broke), each with its seed.
 
@@ -54,8 +59,10 @@ import torch.multiprocessing
 from bench.early_stop import audit as audit_early_stop
 from bench.early_stop import resume, stop_early
 from bench.soak_draws import Draw, coverage, draw
+from harness.rank_handle import started_rank_pids
 from harness.ranks import run_ranks
 from harness.scenarios import Scenario, check_scenario, run_scenario
+from harness.shm_audit import ShmAudit, creator
 
 LIMIT_S = 90.0  # hard wall-clock limit of one scenario
 COUNTERS = (
@@ -65,6 +72,7 @@ COUNTERS = (
     "step_count_disagreements",
     "budget_violations",
     "abnormal_exits",
+    "shm_leaks",
 )
 
 
@@ -172,11 +180,13 @@ def run_soak(
     totals: Counter = Counter({key: 0 for key in COUNTERS})
     failures: list[dict[str, Any]] = []
     done = 0
+    shm = ShmAudit(adopted=started_rank_pids)  # the pool's ranks are detached
     for world, chunk in chunks:
         if draw(chunk[0], quick).stop is not None:
             _run_early_stop(world, chunk[0], limit_s, quick, totals, failures)
         else:
             _run_chunk(world, chunk, limit_s, quick, totals, failures)
+        _count_shm_leaks(shm, chunk, totals, failures)
         done += len(chunk)
         if not quiet:
             elapsed = time.perf_counter() - started
@@ -186,6 +196,7 @@ def run_soak(
                 file=sys.stderr,
                 flush=True,
             )
+    shm.close()
     quick_flag = " --quick" if quick else ""
     return dict(
         command=f"python -m bench.soak --scenarios {scenarios} --seed {seed}{quick_flag}",
@@ -236,6 +247,18 @@ def _run_chunk(
             _record(totals, failures, s, single[0], quick)
     if not any(f.get("seed") in chunk for f in failures):  # batch-only entries have seeds
         failures.append(dict(seeds=chunk, kind="batch-only", message=outcome[-2000:]))
+
+
+def _count_shm_leaks(
+    shm: ShmAudit, chunk: list[int], totals: Counter, failures: list[dict[str, Any]]
+) -> None:
+    """Count the named ``/dev/shm`` entries the soak's processes left unheld since the
+    last count; the chunk that just ran is named with them."""
+    counted = set().union(*(f["names"] for f in failures if f["kind"] == "shm leak"))
+    left = {name for name in shm.leaked() if creator(name)} - counted
+    if left:
+        totals["shm_leaks"] += len(left)
+        failures.append(dict(seeds=chunk, kind="shm leak", names=sorted(left)))
 
 
 def _run_early_stop(

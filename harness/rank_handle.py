@@ -29,6 +29,16 @@ _POLL_S = 0.1
 _STAGES = ("started", "ready", "done", "clean")
 
 
+# Every rank process this process has started, pooled or fresh, alive or not.
+_STARTED_PIDS: set[int] = set()
+
+
+def started_rank_pids() -> set[int]:
+    """The ids of every rank process this process has started (a pooled rank is no
+    child of it: this is how an audit of what the ranks leave finds them)."""
+    return set(_STARTED_PIDS)
+
+
 class RankHandle:
     """This process's handle on one rank process (:func:`harness.rank_process.serve`).
 
@@ -73,6 +83,7 @@ class RankHandle:
 
     def _started(self, pid: int) -> None:
         self.pid = pid
+        _STARTED_PIDS.add(pid)
         with contextlib.suppress(psutil.NoSuchProcess):  # already gone: alive() says so
             self._proc = psutil.Process(pid)
         if self.detached:

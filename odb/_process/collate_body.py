@@ -19,13 +19,14 @@ import signal
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from odb._process.collate_epoch import run_epoch
+from odb._process.collate_progress import BeatingGroup, Heartbeat, Stopped, check_stop
 from odb._process.collate_sources import idle_template, open_samples
 from odb._process.comm import AlignmentGroup, AlignmentTimeoutError
 from odb._process.diagnostics import remove_shm_of
@@ -40,88 +41,12 @@ from odb.core.buffer import sample_nbytes
 POLL_S = 0.1
 
 
-class Heartbeat:
-    """A counter the collate side bumps whenever it makes progress; the trainer reads it.
-
-    In process mode, a shared one-element tensor, which a spawned or forkserver collate
-    process frees before it ends (else its ``file_system`` name outlives the loader).
-    """
-
-    def __init__(self, shared: bool) -> None:
-        self.count = torch.zeros(1, dtype=torch.int64)
-        if shared:
-            self.count.share_memory_()
-
-    def beat(self) -> None:
-        self.count.add_(1)
-
-    def value(self) -> int:
-        return int(self.count[0])
-
-
-class _BeatingGroup(AlignmentGroup):
-    """The alignment group, beating after every completed collective.
-
-    No collective starts once the trainer asked the collate side to stop, the reads
-    ahead inside a pending one end (:class:`_Stopped`), and one that fails reads no
-    failure notes: the stopping rank leaves the group, which ends its peers' pending
-    collectives at once (a peer still iterating raises that this rank is gone).
-    """
-
-    def __init__(
-        self, rendezvous: Rendezvous | None, prefix: str, heartbeat: Heartbeat, stop: Any
-    ) -> None:
-        super().__init__(rendezvous, prefix)
-        self.heartbeat = heartbeat
-        self.stop = stop
-
-    def stop_requested(self) -> bool:
-        return bool(self.stop.is_set())
-
-    def gather_source_rows(self, row: list[int]) -> list[list[int]]:
-        _check_stop(self.stop)
-        rows = super().gather_source_rows(row)
-        self.heartbeat.beat()
-        return rows
-
-    def gather_status(
-        self, row: list[int], while_waiting: Callable[[], bool] | None = None
-    ) -> list[list[int]]:
-        _check_stop(self.stop)
-        if while_waiting is not None:
-            while_waiting = _unless_stopped(self.stop, while_waiting)
-        rows = super().gather_status(row, while_waiting)
-        self.heartbeat.beat()
-        return rows
-
-    def sum_counts(self, counts: list[int]) -> list[int]:
-        _check_stop(self.stop)
-        totals = super().sum_counts(counts)
-        self.heartbeat.beat()
-        return totals
-
-    def gather_indices(self, mine: list[int]) -> list[list[int]]:
-        _check_stop(self.stop)
-        lists = super().gather_indices(mine)
-        self.heartbeat.beat()
-        return lists
-
-
-def _unless_stopped(stop: Any, read_ahead: Callable[[], bool]) -> Callable[[], bool]:
-    """``read_ahead``, which reads no more (returns False) once the trainer asked to stop."""
-
-    def reading() -> bool:
-        return not stop.is_set() and read_ahead()
-
-    return reading
-
-
 def _beating(
     samples: Iterator[Any], heartbeat: Heartbeat, job: EpochJob, stop: Any, alarm: WorkerAlarm
 ) -> Generator[Any, None, None]:
     """The samples, beating on each; names a worker that died mid-transfer.
 
-    Raises :class:`_Stopped` before and after every read once the trainer asked the
+    Raises :class:`Stopped` before and after every read once the trainer asked the
     collate side to stop: a read in progress (the user's ``__getitem__``) is the
     longest a stop waits for here.
 
@@ -139,7 +64,7 @@ def _beating(
     """
     try:
         while True:
-            _check_stop(stop)
+            check_stop(stop)
             try:
                 with alarm.reading():
                     item = next(samples)
@@ -154,7 +79,7 @@ def _beating(
                     "(OOM killer, signal)?"
                 ) from exc
             heartbeat.beat()
-            _check_stop(stop)
+            check_stop(stop)
             yield item
     finally:
         alarm.close()  # before the shutdown, which may stop a worker by a signal
@@ -194,7 +119,7 @@ def collate_main(
         opened, workers = _open(spec, job)
         alarm = WorkerAlarm([p.pid for p in workers])
         samples = _beating(opened, heartbeat, job, stop, alarm)
-        group = _BeatingGroup(rendezvous, prefix, heartbeat, stop)
+        group = BeatingGroup(rendezvous, prefix, heartbeat, stop)
         heartbeat.beat()
         result = _run(spec, job, samples, group, heartbeat, _Outbox(out, stop, encoder))
         group.close()
@@ -205,7 +130,7 @@ def collate_main(
         if encoder is not None:
             encoder.end_epoch()
         return sent
-    except _Stopped:
+    except Stopped:
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the trainer
         if stop.is_set():
@@ -293,7 +218,7 @@ class _Outbox:
         if self.encoder is None:
             self.held.track(batch)
         if not _put(self.out, ("step", batch), self.stop, self.encoder):
-            raise _Stopped
+            raise Stopped
 
     def held_bytes(self) -> int:
         """Bytes of the emitted batches the trainer has not released yet."""
@@ -321,7 +246,7 @@ def _run(
         outbox.emit(batch)
 
     def collate_fn(group_samples: list[Any]) -> Any:
-        _check_stop(outbox.stop)
+        check_stop(outbox.stop)
         heartbeat.beat()
         return spec.collate_fn(group_samples)
 
@@ -359,16 +284,6 @@ def _silence_sigchld() -> None:
 def _killed_children(children: list[Any]) -> list[int]:
     """Pids of ``children`` (multiprocessing processes) that a signal ended."""
     return [p.pid for p in children if p.exitcode is not None and p.exitcode < 0]
-
-
-class _Stopped(Exception):
-    """The trainer closed the iterator; the collate side ends quietly."""
-
-
-def _check_stop(stop: Any) -> None:
-    """Raise :class:`_Stopped` once the trainer asked the collate side to stop."""
-    if stop.is_set():
-        raise _Stopped
 
 
 def _put(out: Any, message: Any, stop: Any, encoder: PoolWriter | None) -> bool:

@@ -33,7 +33,8 @@ import torch
 
 from odb._process import torch_shm
 from odb._process.batch_pool import share_batches
-from odb._process.collate_body import POLL_S, Heartbeat, collate_main
+from odb._process.collate_body import POLL_S, collate_main
+from odb._process.collate_progress import Heartbeat
 from odb._process.handoff import PoolWriter
 from odb._process.messages import CollateSpec, EpochJob
 from odb._process.rendezvous import Rendezvous
@@ -93,13 +94,14 @@ def process_entry(
     # Stay alive until the trainer has taken everything: new blocks (and other shared
     # storages) travel as shared-memory file descriptors this process must hand over.
     stop.wait()
-    # Free the blocks before the exit skips the teardown: with the file_system sharing
-    # strategy a segment's name goes from /dev/shm only once every process that mapped
-    # it has freed it (else it stays until torch_shm_manager exits with the trainer).
+    # Free the blocks (and a heartbeat mapped from a pickle: Heartbeat.release) before the
+    # exit skips the teardown: with the file_system sharing strategy a segment's name goes
+    # from /dev/shm only once every process that mapped it has freed it (else it stays
+    # until torch_shm_manager exits with the trainer).
     share_batches(None)
     del encoder
-    if not forked:  # its heartbeat was mapped from a pickle (a forked child's is inherited)
-        heartbeat.count = torch.zeros(1, dtype=torch.int64)
+    if not forked:
+        heartbeat.release()
     gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)

@@ -29,8 +29,9 @@ from typing import Any, Protocol
 
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
-from odb._process.collate_body import POLL_S, Heartbeat, collate_main
+from odb._process.collate_body import POLL_S, collate_main
 from odb._process.collate_process import process_entry
+from odb._process.collate_progress import Heartbeat
 from odb._process.comm import leave_failure_note
 from odb._process.diagnostics import death_message, remove_shm_of
 from odb._process.forking import context_for, trainer_start_method

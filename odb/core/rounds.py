@@ -83,6 +83,25 @@ class RankRounds:
         self._waiting: list[Group] = []
         self._status: RankStatus | None = None
 
+    @classmethod
+    def partway(
+        cls,
+        config: ODBConfig,
+        view_size: int | None,
+        *,
+        read_count: int,
+        read_tokens: int,
+        read_limit: int | None,
+        rounds: int,
+    ) -> RankRounds:
+        """A rank's round state between rounds of an epoch, its buffer still empty: how
+        an exhaustive check (``bench/model_check_world.py``) starts from a state it
+        reached before, without replaying the rounds that led there."""
+        state = cls(config, view_size)
+        state.read_count, state.read_tokens = read_count, read_tokens
+        state.read_limit, state.rounds = read_limit, rounds
+        return state
+
     @property
     def read_done(self) -> bool:
         return self.view_size is not None and self.read_count >= self.view_size

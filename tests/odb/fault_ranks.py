@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.utils.data import get_worker_info
 
 import odb
-from tests.odb.shm_audit import held_shm
+from harness.shm_audit import held_shm
 
 LOOP_KINDS = (
     "kill_collate",

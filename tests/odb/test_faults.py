@@ -35,6 +35,7 @@ import pytest
 import torch.distributed as dist
 
 import odb
+from harness.shm_audit import ShmAudit
 from tests.odb.fault_harness import FaultRun, rank_server, run_fault_ranks
 from tests.odb.fault_ranks import (
     FaultDataset,
@@ -47,7 +48,6 @@ from tests.odb.fault_ranks import (
     loader_children,
     stranger_rank,
 )
-from tests.odb.shm_audit import ShmAudit
 
 pytestmark = pytest.mark.dist
 

@@ -1,5 +1,6 @@
 """CI slice of the randomized soak (``python -m bench.soak``): 30 scenarios, all clean
-(three of them stop early, one each way, and resume in a second launch).
+(three of them stop early, one each way, and resume in a second launch); and its count
+of what the ranks leave in ``/dev/shm``.
 
 The full run (hundreds of scenarios, reported in ``docs/reliability.md``) draws the same
 space; this slice uses its cheaper ``quick`` draw so it stays near a minute on 2 cores.
@@ -9,12 +10,19 @@ Set ``ODB_SOAK_SEED`` to try other seeds.
 from __future__ import annotations
 
 import os
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.early_stop import STOPS
-from bench.soak import COUNTERS, run_soak
+from bench.soak import COUNTERS, _count_shm_leaks, run_soak
+from harness.rank_handle import started_rank_pids
+from harness.ranks import run_ranks
 from harness.scenarios import SETUPS
+from harness.shm_audit import ShmAudit
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -39,6 +47,33 @@ def test_soak_slice_is_clean() -> None:
     assert result["rank0_only_saves"] > 0
     # ... and a run stopped early each way, resumed in a second launch (bench/early_stop.py).
     assert set(result["by_early_stop"]) == set(STOPS), result["by_early_stop"]
+
+
+def _leave_a_segment(rank: int, world_size: int, tag: str) -> str:
+    """Rank body: a torch-named ``/dev/shm`` entry of this rank's, left behind."""
+    name = f"torch_{os.getpid()}_{tag}"
+    Path("/dev/shm", name).touch()
+    return name
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_segment_a_rank_leaves_is_counted_once() -> None:
+    # The ranks of the suite's pool are detached (no children of this process): the
+    # soak finds them through the harness (issue 56: a spawned collate process's
+    # heartbeat segment outlived every loader; this counter had said nothing).
+    tag = f"soak{uuid.uuid4().hex[:12]}"
+    totals: Counter = Counter()
+    failures: list[dict[str, Any]] = []
+    with ShmAudit(adopted=started_rank_pids) as shm:
+        try:
+            names = run_ranks(_leave_a_segment, 2, tag)
+            _count_shm_leaks(shm, [7], totals, failures)
+            _count_shm_leaks(shm, [8], totals, failures)  # the same names: not again
+        finally:
+            for path in Path("/dev/shm").glob(f"torch_*_{tag}"):
+                path.unlink()
+    assert totals["shm_leaks"] == 2
+    assert failures == [dict(seeds=[7], kind="shm leak", names=sorted(names))]
 
 
 # Seeds the full soak once failed on, kept as regressions (docs/reliability.md).

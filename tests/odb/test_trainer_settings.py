@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader
 
 import odb
 from harness.ranks import run_ranks
+from harness.shm_audit import ShmAudit, held_shm, shm_entries
 from harness.torchrun import run_torchrun
 from tests.forked import run_forked
-from tests.odb.shm_audit import ShmAudit, held_shm, shm_entries
 from tests.odb.trainer_settings_script import (
     COLLATE,
     LENGTHS,

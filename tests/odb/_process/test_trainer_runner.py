@@ -28,6 +28,7 @@ import torch
 
 import odb
 import odb._process.diagnostics as diagnostics
+from harness.shm_audit import ShmAudit, held_shm
 from odb._process.messages import CollateSpec, EpochJob
 from odb._process.pickling import _InlinePickler
 from odb._process.trainer_transport import ProcessTransport
@@ -35,7 +36,6 @@ from odb.collate import PadCollate
 from odb.core.config import ODBConfig
 from odb.core.step_info import StepInfo
 from odb.core.steps import SampleMeter
-from tests.odb.shm_audit import ShmAudit, held_shm
 
 
 def test_worker_pickle_inlines_small_storages_and_shares_big_ones() -> None:

@@ -1,4 +1,4 @@
-"""``tests.odb.shm_audit``: a leak of the test's own processes is reported; the entries
+"""``harness.shm_audit``: a leak of the test's own processes is reported; the entries
 of any other process, made meanwhile and left behind, are not.
 
 The processes are real (``python -c``); what they leave is what a process killed in the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.odb.shm_audit import SHM_DIR, ShmAudit, creator, held_shm
+from harness.shm_audit import SHM_DIR, ShmAudit, creator, held_shm
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
 
@@ -122,6 +122,23 @@ def test_what_other_processes_leave_meanwhile_is_not_counted(tag: str) -> None:
         Path(SHM_DIR, f"torch_1_{tag}").touch()  # a segment named for init
         assert Path(SHM_DIR, name).exists()
         assert shm.leaked(settle_s=0) == []
+
+
+@pytest.mark.dist
+def test_what_an_adopted_process_leaves_is_counted(tag: str) -> None:
+    # The same orphaned grandchild, now one the audit is told about (as the soak tells
+    # it the pool's ranks, which are detached in the same way).
+    stranger = _python(STRANGER, tag, start_new_session=True)
+    assert stranger.wait(30) == 0
+    grandchild: list[int] = []
+    with ShmAudit(adopted=lambda: grandchild) as shm:
+        assert stranger.stdin is not None and stranger.stdout is not None
+        stranger.stdin.write("\n")
+        stranger.stdin.close()
+        name = stranger.stdout.readline().split()[0]
+        assert shm.leaked(settle_s=0) == []  # not adopted yet: a stranger's
+        grandchild.append(creator(name) or 0)
+        assert shm.leaked(settle_s=0) == [name]
 
 
 @pytest.mark.dist

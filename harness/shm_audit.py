@@ -12,13 +12,14 @@ by a stranger. :class:`ShmAudit` counts only what the test's processes could hav
   its heap arenas ``pym-<pid>-...``, ``multiprocessing.shared_memory``'s ``psm_...``;
 - created after the audit started (absent from its first listing), by this user;
 - for the kinds whose name carries the creating process's id (torch's, the arenas'):
-  made by a process of the test, i.e. the test process or one of its descendants, or a
-  member of a process group one of them leads (the children a killed rank leaves behind
-  keep its group). Processes end before the check, so a thread records them as they
-  come: every ``period_s`` and on :meth:`ShmAudit.sample`. A process that lives
-  shorter than the period is missed; every process these tests start (a spawned rank,
-  a forked collate process or DataLoader worker) lives far longer before it shares
-  anything;
+  made by a process of the test, i.e. the test process or one of its descendants, a
+  process the audit is told to adopt (``adopted``: the pool's ranks, detached so that
+  they are no descendants), or a member of a process group one of them leads (the
+  children a killed rank leaves behind keep its group). Processes end before the
+  check, so a thread records them as they come: every ``period_s`` and on
+  :meth:`ShmAudit.sample`. A process that lives shorter than the period is missed;
+  every process these tests start (a spawned rank, a forked collate process or
+  DataLoader worker) lives far longer before it shares anything;
 - not held (mapped or open) by any live process when checked, for ``settle_s`` at most:
   the resource tracker of a killed process unlinks its semaphores a moment later.
 
@@ -35,7 +36,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 SHM_DIR = "/dev/shm"
@@ -123,11 +124,14 @@ class ShmAudit:
         []
     """
 
-    def __init__(self, period_s: float = 0.05) -> None:
+    def __init__(
+        self, period_s: float = 0.05, adopted: Callable[[], Iterable[int]] | None = None
+    ) -> None:
         self.before = shm_entries()
         self.uid = os.getuid()
         self.root = os.getpid()
         self.period_s = period_s
+        self.adopted = adopted if adopted is not None else tuple
         self.seen: set[int] = {self.root}  # every process of the test ever recorded
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -159,6 +163,7 @@ class ShmAudit:
         """Record the processes of the test that are alive now."""
         with self._lock:
             ppid, pgid = _process_table()
+            self.seen |= set(self.adopted())
             leaders = {p for p in self.seen if p != self.root}
             added = True
             while added:  # children listed before their parent was recorded
