@@ -194,8 +194,9 @@ def _tallies(args: Any, selections: list[list[str]], commit: str) -> list[Tally]
 
 
 def _campaign(args: Any) -> dict[str, Any]:
-    """Round by round: every selection once per round, so a campaign cut short (or
-    resumed later with ``--resume``) has covered every selection evenly."""
+    """Round by round: each round repeats the least-repeated selections once, so a
+    campaign cut short (or resumed later with ``--resume``, after a cut round) has
+    covered every selection evenly."""
     if args.modules:
         selections = [[m] for m in marked_modules(MODULE_SETS[args.modules])]
     else:
@@ -204,10 +205,8 @@ def _campaign(args: Any) -> dict[str, Any]:
     logs = args.out_dir / "logs" if args.out_dir is not None else None
     extra = dict(load=args.load, limit_s=args.timeout_s, machine=machine())
     with Load(args.load):
-        for _ in range(args.times):
-            for tally in tallies:
-                if tally.runs >= args.times or (args.stop_on_failure and tally.red):
-                    continue
+        while round_ := next_round(tallies, args.times, args.stop_on_failure):
+            for tally in round_:
                 tally.run_once(args.timeout_s, logs)
                 if args.out_dir is not None:  # saved after every repeat: nothing lost to a stop
                     saved = _result_path(args.out_dir, tally.selection)
@@ -219,6 +218,14 @@ def _campaign(args: Any) -> dict[str, Any]:
         all_passed_every_time=all(r["all_passed_every_time"] for r in results),
         selections=results,
     )
+
+
+def next_round(tallies: list[Tally], times: int, stop_on_failure: bool) -> list[Tally]:
+    """The selections the next round repeats: the least-repeated of those not done
+    (``times`` repeats, or red with ``stop_on_failure``); none when all are done."""
+    pending = [t for t in tallies if t.runs < times and not (stop_on_failure and t.red)]
+    least = min((t.runs for t in pending), default=0)
+    return [t for t in pending if t.runs == least]
 
 
 def main(argv: list[str] | None = None) -> int:

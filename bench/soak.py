@@ -253,12 +253,13 @@ def _count_shm_leaks(
     shm: ShmAudit, chunk: list[int], totals: Counter, failures: list[dict[str, Any]]
 ) -> None:
     """Count the named ``/dev/shm`` entries the soak's processes left unheld since the
-    last count; the chunk that just ran is named with them."""
+    last count; the chunk that just ran is named with them, and who made each entry."""
     counted = set().union(*(f["names"] for f in failures if f["kind"] == "shm leak"))
-    left = {name for name in shm.leaked() if creator(name)} - counted
+    left = sorted({name for name in shm.leaked() if creator(name)} - counted)
     if left:
         totals["shm_leaks"] += len(left)
-        failures.append(dict(seeds=chunk, kind="shm leak", names=sorted(left)))
+        roles = sorted({shm.role(name) for name in left})
+        failures.append(dict(seeds=chunk, kind="shm leak", names=left, made_by=roles))
 
 
 def _run_early_stop(

@@ -133,6 +133,7 @@ class ShmAudit:
         self.period_s = period_s
         self.adopted = adopted if adopted is not None else tuple
         self.seen: set[int] = {self.root}  # every process of the test ever recorded
+        self.roles: dict[int, str] = {}  # what each was when last recorded: command, parent
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.sample()
@@ -162,7 +163,7 @@ class ShmAudit:
     def sample(self) -> None:
         """Record the processes of the test that are alive now."""
         with self._lock:
-            ppid, pgid = _process_table()
+            ppid, pgid, command = _process_table()
             self.seen |= set(self.adopted())
             leaders = {p for p in self.seen if p != self.root}
             added = True
@@ -175,6 +176,14 @@ class ShmAudit:
                 self.seen |= new
                 leaders |= new
                 added = bool(new)
+            for p in self.seen & command.keys():
+                self.roles[p] = f"{command[p]}, child of {ppid[p]}"
+
+    def role(self, name: str) -> str:
+        """Who made ``/dev/shm`` entry ``name``: its creator's pid, command and parent
+        when last recorded (a DataLoader worker calls itself ``pt_data_worker``)."""
+        pid = creator(name)
+        return f"pid {pid} ({self.roles.get(pid or 0, 'not recorded')})"
 
     def ours(self, name: str) -> bool:
         """Whether the ``/dev/shm`` entry ``name`` is one a process of the test made."""
@@ -212,10 +221,11 @@ def _all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _process_table() -> tuple[dict[int, int], dict[int, int]]:
-    """Parent and process group of every live process (``/proc/<pid>/stat``)."""
+def _process_table() -> tuple[dict[int, int], dict[int, int], dict[int, str]]:
+    """Parent, process group and command of every live process (``/proc/<pid>/stat``)."""
     ppid: dict[int, int] = {}
     pgid: dict[int, int] = {}
+    command: dict[int, str] = {}
     for pid in _all_pids():
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
@@ -225,4 +235,5 @@ def _process_table() -> tuple[dict[int, int], dict[int, int]]:
         # Fields after the command (which may hold spaces and parentheses).
         fields = stat[stat.rfind(b")") + 2 :].split()
         ppid[pid], pgid[pid] = int(fields[1]), int(fields[2])
-    return ppid, pgid
+        command[pid] = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+    return ppid, pgid, command

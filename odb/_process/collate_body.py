@@ -27,7 +27,7 @@ import torch
 
 from odb._process.collate_epoch import run_epoch
 from odb._process.collate_progress import BeatingGroup, Heartbeat, Stopped, check_stop
-from odb._process.collate_sources import idle_template, open_samples
+from odb._process.collate_sources import idle_template, open_samples, receive_owed
 from odb._process.comm import AlignmentGroup, AlignmentTimeoutError
 from odb._process.diagnostics import remove_shm_of
 from odb._process.handoff import PoolWriter
@@ -57,8 +57,10 @@ def _beating(
     A worker that dies while the read waits on its half-written message raises through
     ``alarm`` (:mod:`odb._process.worker_alarm`).
 
-    However it ends (exhausted, stopped, failed or closed), the DataLoader's workers are
-    shut down here, in this thread: left to the garbage collector, the iterator may be
+    However it ends (exhausted, stopped, failed or closed), the items the workers owe
+    are received (:func:`~odb._process.collate_sources.receive_owed`: their shared
+    segments are returned) and the DataLoader's workers are shut down, here, in this
+    thread: left to the garbage collector, the iterator may be
     collected in a worker forked for the next epoch (thread mode), whose copy then
     fails "can only test a child process" and dies.
     """
@@ -82,6 +84,7 @@ def _beating(
             check_stop(stop)
             yield item
     finally:
+        receive_owed(samples, alarm.reading)
         alarm.close()  # before the shutdown, which may stop a worker by a signal
         shutdown = getattr(samples, "_shutdown_workers", None)  # torch's own __del__ step
         if shutdown is not None:

@@ -12,16 +12,21 @@ is one ``(index, sample)`` pair (public ``torch.utils.data`` API only).
   its heavy work lazily, after this selection (e.g. in ``__getitem__``-like mapping
   done on the yielded item), or shard itself at the source.
 
-A worker pickles each item itself (:class:`odb._process.pickling.WorkerPickle`).
+A worker pickles each item itself (:class:`odb._process.pickling.WorkerPickle`). An epoch
+that ends early first receives what its workers owe (:func:`receive_owed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data._utils.worker import _IterableDatasetStopIteration
 
 from odb._process.forking import context_for, trainer_start_method
 from odb._process.pickling import WorkerPickle
@@ -114,6 +119,65 @@ def open_samples(
         timeout=config.worker_timeout_s if config.num_workers else 0,
     )
     return iter(loader)
+
+
+OWED_S = 0.5
+"""The longest an epoch that ends early waits for the items its workers owe.
+
+A stop waits for this on top of the read in progress; the trainer warns after 1 s
+(``odb._process.trainer_runner``) and a stopped collate process is killed after 2 s."""
+
+
+def receive_owed(
+    samples: Iterator[Any],
+    reading: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    timeout_s: float = OWED_S,
+) -> None:
+    """Receive and drop every item ``samples``' DataLoader workers were asked for and
+    have not delivered, for ``timeout_s`` at most; call it before the workers are shut
+    down. ``reading`` wraps the reads (a :meth:`WorkerAlarm.reading`).
+
+    Under ``file_system`` sharing a worker takes a reference on each shared segment of
+    an item as it pickles it, and the receiver returns it when it unpickles the item. An
+    item never received (still in the result pipe, or in the worker's queue buffer,
+    which the worker drops when it is shut down) keeps its segment in ``/dev/shm`` until
+    the last process of the rank ends. Every item asked for is in flight at the
+    shutdown of an epoch that ends early: a ``break``, a ``close()``, a stop, an error.
+
+    Items already sent are always received; for the rest it waits until the deadline.
+    It gives up on them, leaving them as before, at the deadline or when a worker is
+    found dead (its messages died with it). Without workers, or once shut down, does
+    nothing.
+    """
+    owed = _owed_tasks(samples)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with reading():
+            while owed:
+                left = max(deadline - time.monotonic(), 0.0)
+                received, message = samples._try_get_data(left)  # type: ignore[attr-defined]
+                if not received:
+                    return
+                task, item = message
+                owed.pop(task, None)
+                if isinstance(item, _IterableDatasetStopIteration):  # it skips the rest
+                    owed = {t: w for t, w in owed.items() if w != item.worker_id}
+    except Exception:  # noqa: BLE001 - a dead worker or a broken message: nothing more comes
+        return
+
+
+def _owed_tasks(samples: Iterator[Any]) -> dict[int, int]:
+    """``{task: worker}`` of the items asked of live workers and not yet received.
+
+    Reads the multi-worker iterator's bookkeeping (torch 2.x ``_task_info``: task to
+    ``(worker,)`` until its item arrives, ``_workers_status``: whether a worker still
+    takes tasks); an iterator without it owes nothing.
+    """
+    info = getattr(samples, "_task_info", None)
+    status = getattr(samples, "_workers_status", None)
+    if info is None or status is None or getattr(samples, "_shutdown", True):
+        return {}
+    return {task: got[0] for task, got in info.items() if len(got) == 1 and status[got[0]]}
 
 
 def _worker_context(config: ODBConfig) -> mp.context.BaseContext | None:

@@ -1,21 +1,32 @@
-"""Forking that survives a child deadlocked by the interpreter's own fork handling.
+"""Forking that survives a child deadlocked by a lock another thread held at the fork.
 
-CPython before 3.11.10 (and 3.10/3.9 before their 2024 security releases; 3.12+ is
-fixed) can deadlock a forked child before it runs a single Python statement: if another
-thread of the parent held the runtime's thread-state lock at the fork, the child waits
-for it forever in ``PyOS_AfterFork_Child`` (CPython gh-112275). A trainer runs such
-threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's forks of its
-collate process and of DataLoader workers can hit it (how often the soak met it:
-``docs/reliability.md``, "Soak").
+A forked child has one thread; a lock that another thread of the parent held at the
+fork stays held in the child forever, unless the fork resets it. Two such locks met ODB:
 
-:func:`checked_fork_context` is a ``fork`` multiprocessing context whose children
-report, as their first statement, that they survived the fork. A child that has not
-reported and sleeps in the kernel is killed and forked again. Nothing is lost by the
-retry: the dead child never ran Python, so it took nothing from any queue or pipe.
+- the interpreter's thread-state lock: CPython before 3.11.10 (and 3.10/3.9 before their
+  2024 security releases; 3.12+ is fixed) deadlocks the child in
+  ``PyOS_AfterFork_Child``, before it runs a single Python statement (CPython
+  gh-112275);
+- glibc's resolver lock (``resolv_conf.c``; ``fork`` does not reset it, glibc 2.36 to
+  2.42): the child deadlocks at its first name lookup. Every ``TCPStore`` connection
+  makes one (c10d formats the peer's address with ``getnameinfo``), and rank 0's store
+  server makes one on every connection it accepts, on its own thread: a collate
+  process forked on rank 0 while a peer connected hung in its first store connection.
+
+A trainer runs threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's
+forks of its collate process and of DataLoader workers can hit either (how often the
+soak met them: ``docs/reliability.md``, "Soak").
+
+:func:`checked_fork_context` is a ``fork`` multiprocessing context whose children take
+and release the resolver lock and then report, as their first statements, that the fork
+is behind them. A child that has not reported and sleeps in the kernel is killed and
+forked again. Nothing is lost by the retry: the dead child ran none of its work, so it
+took nothing from any queue or pipe.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -53,17 +64,18 @@ class CheckedForkPopen(popen_fork.Popen):
             if self._launch_once(process_obj):
                 return
             log.warning(
-                "a forked child (pid %d) deadlocked in the interpreter's fork handling "
-                "(CPython gh-112275, fixed in Python 3.11.10 and 3.12); killed it and "
-                "forked again (attempt %d of %d)",
+                "a forked child (pid %d) deadlocked on a lock held at the fork (CPython "
+                "gh-112275, fixed in Python 3.11.10 and 3.12, or glibc's resolver lock); "
+                "killed it and forked again (attempt %d of %d)",
                 self.pid,
                 attempt,
                 ATTEMPTS,
             )
         raise ForkDeadlockError(
             f"{ATTEMPTS} forks in a row deadlocked before the child ran (CPython "
-            "gh-112275). Upgrade Python (3.11.10+ or 3.12+), or start processes with "
-            "spawn (ODBConfig(collate_start_method='spawn', worker_start_method='spawn'))"
+            "gh-112275, or glibc's resolver lock held by a thread of this process). "
+            "Upgrade Python (3.11.10+ or 3.12+), or start processes with spawn "
+            "(ODBConfig(collate_start_method='spawn', worker_start_method='spawn'))"
         )
 
     def _launch_once(self, process_obj: Any) -> bool:
@@ -75,7 +87,8 @@ class CheckedForkPopen(popen_fork.Popen):
         self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - the child; its outcome is checked by the parent
             try:
-                os.write(ready_w, b"\0")  # first statement: the fork is behind us
+                _take_resolver_lock()  # deadlocks here, not at the first lookup, if held
+                os.write(ready_w, b"\0")  # the fork is behind us
                 for fd in (parent_r, parent_w, ready_r, ready_w):
                     os.close(fd)
                 code = process_obj._bootstrap(parent_sentinel=child_r)
@@ -97,6 +110,27 @@ class CheckedForkPopen(popen_fork.Popen):
         self.finalizer = util.Finalize(self, util.close_fds, (parent_r, parent_w))  # type: ignore[attr-defined]
         self.sentinel = parent_r
         return True
+
+
+def _resolver_init() -> Any:
+    """glibc's ``__res_init`` (None elsewhere): it takes the resolver lock, no network."""
+    try:
+        return getattr(ctypes.CDLL(None), "__res_init", None)
+    except OSError:
+        return None
+
+
+_RES_INIT = _resolver_init()  # looked up in the parent: a child only calls it
+
+
+def _take_resolver_lock() -> None:
+    """Take and release glibc's resolver lock (reading ``/etc/resolv.conf``).
+
+    In a child forked while another thread held it, this never returns, as the child's
+    first name lookup would not: the parent sees the child asleep, unreported.
+    """
+    if _RES_INIT is not None:
+        _RES_INIT()
 
 
 def _await_report(pid: int, ready_r: int) -> bool:

@@ -25,7 +25,7 @@ import pickle
 import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -179,7 +179,7 @@ class PoolWriter:
         """``message`` pickled for the queue; a ``("step", batch)`` over the pool.
 
         It becomes ``("pooled", (new blocks, dropped blocks, rest block, pickle))``: the
-        blocks the trainer has not mapped yet travel (as descriptors) with it, the ids
+        blocks the trainer has not mapped yet travel with it (:func:`_block_reference`), the ids
         of blocks the pool dropped since the last batch tell the trainer to unmap them,
         and the rest block holds the batch's small storages (None without any). Other
         messages are pickled as they are.
@@ -205,7 +205,8 @@ class PoolWriter:
             for storage, offset in pickler.placed:
                 _copy(storage_bytes(storage).numpy(), target[offset : offset + storage.nbytes()])
             used.add(rest_block)
-        new = [(b, t) for b in sorted(used) if (t := self.pool.first_use(b)) is not None]
+        firsts = [(b, self.pool.first_use(b)) for b in sorted(used)]
+        new = [(b, _block_reference(t)) for b, t in firsts if t is not None]
         payload = (new, self.pool.take_dropped(), rest_block, buffer.getvalue())
         self._release_returned()
         if used:
@@ -222,6 +223,34 @@ class PoolWriter:
 # The block field of a storage copied into the batch's rest block (chosen after pickling,
 # once its size is known).
 _REST = -1
+
+
+def _block_reference(block: torch.Tensor) -> torch.Tensor | _NamedBlock:
+    """A block the trainer has not mapped yet, as it travels: under ``file_system``
+    sharing by name alone, else as torch shares it (a descriptor dies with its holders).
+
+    torch's reduction takes a reference on the segment that only the trainer's unpickling
+    returns: a message never read (an epoch stopped early) kept the block in ``/dev/shm``
+    until the rank exited (issue 56). None is needed: a block travels leased, and the
+    collate process keeps its own until the trainer, having mapped it, ends the lease.
+    """
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":
+        return block
+    manager, name, size = block.untyped_storage()._share_filename_cpu_()
+    return _NamedBlock(manager, name, size)
+
+
+class _NamedBlock(NamedTuple):
+    """A ``file_system`` block by name: the manager's socket, the segment's name, bytes."""
+
+    manager: bytes
+    name: bytes
+    size: int
+
+    def open(self) -> torch.Tensor:
+        """The block mapped here, as a ``uint8`` tensor (it holds its own reference)."""
+        storage = torch.UntypedStorage._new_shared_filename_cpu(self.manager, self.name, self.size)
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 def _copy(source: np.ndarray, target: np.ndarray) -> None:
@@ -296,7 +325,7 @@ class PoolReader:
 
     def decode(
         self,
-        new: list[tuple[int, torch.Tensor]],
+        new: list[tuple[int, torch.Tensor | _NamedBlock]],
         dropped: list[int],
         rest_block: int | None,
         blob: bytes,
@@ -305,7 +334,7 @@ class PoolReader:
         the pool dropped ``dropped`` (leased tensors over them keep their memory)."""
         for block in dropped:
             self._blocks.pop(block, None)
-        self._blocks.update(new)
+        self._blocks.update((b, t.open() if isinstance(t, _NamedBlock) else t) for b, t in new)
         batch = _PoolUnpickler(io.BytesIO(blob), self._lease, rest_block).load()
         self.flush()
         return batch

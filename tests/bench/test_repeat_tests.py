@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from bench._repeat_run import Load
 from bench.repeat_table import main as table_main
-from bench.repeat_tests import checkout_commit, main, marked_modules, same_code
+from bench.repeat_tests import checkout_commit, main, marked_modules, next_round, same_code
 
 FLAKY = """
 import os, pathlib, pytest
@@ -104,6 +105,20 @@ def test_same_code_allows_docs_changes_only(tmp_path: Path, monkeypatch) -> None
     assert not same_code(first)
     assert not same_code(docs_only + "+dirty")  # repeats of uncommitted code
     assert not same_code("0" * 40)  # not a commit of this repository
+
+
+def test_rounds_repeat_the_least_repeated_first_so_a_resumed_campaign_evens_out() -> None:
+    runs = (4, 6, 5, 4)
+    tallies = [SimpleNamespace(at=at, runs=n, red=n == 5) for at, n in enumerate(runs)]
+    rounds = []
+    while round_ := next_round(tallies, 6, stop_on_failure=False):  # type: ignore[arg-type]
+        rounds.append([t.at for t in round_])
+        for tally in round_:
+            tally.runs += 1
+    assert rounds == [[0, 3], [0, 2, 3]]
+    assert [t.runs for t in tallies] == [6, 6, 6, 6]
+    tallies[2].runs = 5
+    assert next_round(tallies, 6, stop_on_failure=True) == []  # the red one stops there
 
 
 @pytest.mark.slow

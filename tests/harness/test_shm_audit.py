@@ -90,6 +90,8 @@ def test_a_segment_and_a_semaphore_a_child_leaves_are_reported(tag: str) -> None
         assert child.wait(30) == 0
         assert shm.leaked(settle_s=0) == sorted(names)
     assert creator(names[0]) == child.pid and creator(names[1]) == 0
+    # The leak names its maker as recorded alive: the child, started by this process.
+    assert shm.role(names[0]) == f"pid {child.pid} (python, child of {os.getpid()})"
 
 
 @pytest.mark.dist

@@ -22,7 +22,7 @@ from bench.soak import COUNTERS, _count_shm_leaks, run_soak
 from harness.rank_handle import started_rank_pids
 from harness.ranks import run_ranks
 from harness.scenarios import SETUPS
-from harness.shm_audit import ShmAudit
+from harness.shm_audit import ShmAudit, creator
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -73,7 +73,13 @@ def test_a_segment_a_rank_leaves_is_counted_once() -> None:
             for path in Path("/dev/shm").glob(f"torch_*_{tag}"):
                 path.unlink()
     assert totals["shm_leaks"] == 2
-    assert failures == [dict(seeds=[7], kind="shm leak", names=sorted(names))]
+    [failure] = failures
+    made_by = failure.pop("made_by")
+    assert failure == dict(seeds=[7], kind="shm leak", names=sorted(names))
+    # Who made each: the rank processes (spawned python, recorded while alive).
+    assert [role.split(", child of ")[0] for role in made_by] == [
+        f"pid {creator(name)} (python" for name in sorted(names)
+    ]
 
 
 # Seeds the full soak once failed on, kept as regressions (docs/reliability.md).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import platform
 import threading
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,41 @@ def test_a_child_stuck_at_the_fork_is_killed_and_forked_again(tmp_path: Path) ->
     assert result["exitcode"] == 0
     [message] = result["messages"]
     assert "gh-112275" in message and f"pid {result['stuck'][0]}" in message
+
+
+def _resolver_held_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """The first child forks while this process holds a stand-in for the resolver lock."""
+    records = _capture()
+    held = threading.Lock()
+
+    def take_and_release() -> None:  # stands in for glibc's __res_init in the child
+        held.acquire()
+        held.release()
+
+    odb._process.forking._RES_INIT = take_and_release
+    held.acquire()
+    os.register_at_fork(after_in_parent=lambda: held.locked() and held.release())
+    ctx = checked_fork_context()
+    out = ctx.Queue()
+    process = ctx.Process(target=_report_pid, args=(out,))
+    process.start()
+    ran = out.get(timeout=30)
+    process.join(30)
+    return dict(ran=ran, pid=process.pid, exitcode=process.exitcode, messages=records.messages)
+
+
+@pytest.mark.dist
+def test_a_child_forked_while_the_resolver_lock_was_held_is_forked_again() -> None:
+    """A child takes the resolver lock before it reports (CI met the deadlock, issue 56)."""
+    [result] = run_ranks(_resolver_held_rank, 1, timeout=90)
+    assert result["ran"] == result["pid"] and result["exitcode"] == 0
+    [message] = result["messages"]  # the first child stuck, the second ran
+    assert "resolver lock" in message
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's resolver lock")
+def test_the_child_takes_glibcs_resolver_lock() -> None:
+    assert odb._process.forking._RES_INIT is not None  # __res_init found in this libc
 
 
 def _always_stuck_rank(rank: int, world_size: int, flag: str) -> str:
