@@ -76,20 +76,24 @@ def _report_pid(out: Any) -> None:
     out.put(os.getpid())
 
 
-def _process_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
-    records = _capture()
-    _deadlock_first_child(Path(flag))
+def _fork_a_reporter() -> dict[str, Any]:
+    """Fork a checked child that reports its pid; what it reported and how it ended."""
     ctx = checked_fork_context()
     out = ctx.Queue()
     process = ctx.Process(target=_report_pid, args=(out,))
     process.start()
     ran = out.get(timeout=30)
     process.join(30)
+    return dict(ran=ran, pid=process.pid, exitcode=process.exitcode)
+
+
+def _process_rank(rank: int, world_size: int, flag: str) -> dict[str, Any]:
+    records = _capture()
+    _deadlock_first_child(Path(flag))
+    child = _fork_a_reporter()
     stuck = _stuck_pids(Path(flag))
     return dict(
-        ran=ran,
-        pid=process.pid,
-        exitcode=process.exitcode,
+        **child,
         stuck=stuck,
         stuck_alive=[p for p in stuck if psutil.pid_exists(p)],
         messages=records.messages,
@@ -119,13 +123,7 @@ def _resolver_held_rank(rank: int, world_size: int) -> dict[str, Any]:
     odb._process.forking._RES_INIT = take_and_release
     held.acquire()
     os.register_at_fork(after_in_parent=lambda: held.locked() and held.release())
-    ctx = checked_fork_context()
-    out = ctx.Queue()
-    process = ctx.Process(target=_report_pid, args=(out,))
-    process.start()
-    ran = out.get(timeout=30)
-    process.join(30)
-    return dict(ran=ran, pid=process.pid, exitcode=process.exitcode, messages=records.messages)
+    return dict(**_fork_a_reporter(), messages=records.messages)
 
 
 @pytest.mark.dist
@@ -137,7 +135,10 @@ def test_a_child_forked_while_the_resolver_lock_was_held_is_forked_again() -> No
     assert "resolver lock" in message
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's resolver lock")
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc",
+    reason="__res_init and its lock are glibc's; elsewhere the child has no lock to take",
+)
 def test_the_child_takes_glibcs_resolver_lock() -> None:
     assert odb._process.forking._RES_INIT is not None  # __res_init found in this libc
 
