@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from odb._process import torch_shm
 from odb._process.batch_pool import batches_cross_processes, own_pool
 
 # A field of at least this many bytes is built in shared memory where the batch crosses
@@ -50,7 +51,7 @@ def batch_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> tor
     pool = own_pool()
     if pool is not None:
         return pool.empty(nbytes)[:nbytes].view(dtype).view(shape)
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    storage = torch_shm.new_shared_storage(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 

@@ -79,7 +79,6 @@ def process_entry(
     # is the server's, and its parent never changes while the trainer lives.
     direct = os.getppid() == parent_pid
     threading.Thread(target=_watchdog, args=(parent_pid, direct, stop), daemon=True).start()
-    forked = setup is not None
     if setup is None:  # the handshake (trainer_startup.py): the setup arrives after the start
         setup = pickle.loads(jobs.recv_bytes())
     spec, rendezvous = setup
@@ -94,14 +93,11 @@ def process_entry(
     # Stay alive until the trainer has taken everything: new blocks (and other shared
     # storages) travel as shared-memory file descriptors this process must hand over.
     stop.wait()
-    # Free the blocks (and a heartbeat mapped from a pickle: Heartbeat.release) before the
-    # exit skips the teardown: with the file_system sharing strategy a segment's name goes
-    # from /dev/shm only once every process that mapped it has freed it (else it stays
-    # until torch_shm_manager exits with the trainer).
+    # Free the blocks before the exit skips the teardown: with the file_system sharing
+    # strategy a segment's name goes from /dev/shm only once every process that mapped it
+    # has freed it (else it stays until torch_shm_manager exits with the trainer).
     share_batches(None)
     del encoder
-    if not forked:
-        heartbeat.release()
     gc.collect()
     out.cancel_join_thread()
     atexit.register(_skip_teardown)
@@ -116,7 +112,7 @@ def leave_trainer() -> None:
       descriptor numbers stay taken, so a socket object inherited from the trainer that
       is collected here later closes nothing of this process's own.
     - Except a connection to torch's shared-memory manager (the ``file_system`` sharing
-      strategy; ODB's heartbeat connects the trainer before the fork): torch reuses it
+      strategy, once the trainer shared a storage before the fork): torch reuses it
       for every later storage of this process, so it becomes this process's own new
       connection to the same manager (:mod:`odb._process.torch_shm`), not the trainer's.
     - Signal handlers the trainer installed in Python (a checkpoint-on-SIGTERM handler

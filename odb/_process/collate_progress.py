@@ -9,10 +9,10 @@ collective.
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from odb._process.comm import AlignmentGroup
 from odb._process.rendezvous import Rendezvous
@@ -21,32 +21,23 @@ from odb._process.rendezvous import Rendezvous
 class Heartbeat:
     """A counter the collate side bumps whenever it makes progress; the trainer reads it.
 
-    In process mode (``shared``) a one-element tensor in shared memory. A collate
-    process that received it pickled (spawn, forkserver) mapped that memory itself and
-    must :meth:`release` it before it ends without the interpreter's teardown: under the
-    ``file_system`` sharing strategy the segment's name stays in ``/dev/shm`` until every
-    process that mapped it has freed it.
+    In process mode (``shared``) a 64-bit integer on multiprocessing's shared heap (an
+    unlinked file both processes map): a forked collate process inherits the mapping, a
+    spawned one (or one a forkserver starts) receives the file's descriptor with its
+    start arguments. No name in ``/dev/shm``, so nothing to release at any exit, and no
+    word with torch's shared-memory manager, which under ``file_system`` sharing can
+    time out while a process unpickles its start arguments (issue 56;
+    :mod:`odb._process.torch_shm`). One writer (the collate side), one reader.
     """
 
     def __init__(self, shared: bool) -> None:
-        self.count = torch.zeros(1, dtype=torch.int64)
-        if shared:
-            self.count.share_memory_()
+        self._count = multiprocessing.RawValue(ctypes.c_int64, 0) if shared else ctypes.c_int64(0)
 
     def beat(self) -> None:
-        self.count.add_(1)
+        self._count.value += 1
 
     def value(self) -> int:
-        return int(self.count[0])
-
-    def release(self) -> None:
-        """Let go of the shared counter; later beats go to a private one nobody reads.
-
-        Only in a process that mapped the counter from a pickle: a forked child
-        inherited the trainer's mapping without a reference of its own, and releasing
-        there would drop the trainer's.
-        """
-        self.count = torch.zeros(1, dtype=torch.int64)
+        return int(self._count.value)
 
 
 class Stopped(Exception):

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from odb._process import torch_shm
 from odb._process.pickling import reduce_plain_tensor, storage_bytes
 from odb.core.buffer import sample_nbytes
 
@@ -129,7 +130,7 @@ class BlockPool:
                 self._dropped.append(block)
         size = max(BLOCK_MIN_BYTES, 1 << (nbytes - 1).bit_length())
         block, self._next_id = self._next_id, self._next_id + 1
-        storage = torch.UntypedStorage._new_shared(size)  # as default_collate does in workers
+        storage = torch_shm.new_shared_storage(size)  # as default_collate does in workers
         self._blocks[block] = torch.empty(0, dtype=torch.uint8).set_(storage)
         return block
 
@@ -249,8 +250,7 @@ class _NamedBlock(NamedTuple):
 
     def open(self) -> torch.Tensor:
         """The block mapped here, as a ``uint8`` tensor (it holds its own reference)."""
-        storage = torch.UntypedStorage._new_shared_filename_cpu(self.manager, self.name, self.size)
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
+        return torch.empty(0, dtype=torch.uint8).set_(torch_shm.open_shared_storage(*self))
 
 
 def _copy(source: np.ndarray, target: np.ndarray) -> None:

@@ -16,8 +16,20 @@ the trainer's connection either (two processes reading the manager's replies on 
 stream), so :func:`reconnect` gives it its own connection to the same manager,
 under the same descriptor number, which the inherited table then uses unchanged.
 
+Every new or newly mapped ``file_system`` storage waits for the manager's answer, at most
+one second (``socket.h``), and a slower answer (a busy machine: the manager not
+scheduled in time) fails the storage with ``Shared memory manager connection has timed
+out`` (pytorch/pytorch#42518, #129656). ODB's own storages (the hand-off's blocks) are
+made by :func:`new_shared_storage` and :func:`open_shared_storage`, which try again
+until :data:`MANAGER_PATIENCE_S` has passed: a failed attempt registered nothing that
+lives (libshm registers a name before it creates or maps the segment), and the late
+answer it left on the connection is an ``OK`` like every other, which the next
+attempt reads as its own. ODB never makes a ``file_system`` storage where no retry is
+possible (inside the unpickling of a process's start arguments, say).
+
 Tracks torch 2.13 (``torch/lib/libshm``: ``core.cpp`` keeps the table, ``manager.cpp``
-names the socket); ``tests/odb/_process/test_torch_shm.py`` fails when that changes.
+names the socket, ``socket.h`` times out); ``tests/odb/_process/test_torch_shm.py``
+fails when that changes.
 """
 
 from __future__ import annotations
@@ -26,9 +38,63 @@ import contextlib
 import os
 import socket
 import stat
+import time
+from collections.abc import Callable
+
+import torch
 
 MANAGER_DIR_PREFIX = "torch-shm-dir-"
 MANAGER_SOCKET_NAME = "manager.sock"
+# How long ODB waits in all for the manager to register one storage.
+MANAGER_PATIENCE_S = 60.0
+# libshm's error when the manager did not answer within its one second.
+_TIMED_OUT = "Shared memory manager connection has timed out"
+
+
+class ManagerTimeoutError(RuntimeError):
+    """torch's shared-memory manager did not answer within ODB's patience."""
+
+
+def new_shared_storage(nbytes: int, patience_s: float = MANAGER_PATIENCE_S) -> torch.UntypedStorage:
+    """``torch.UntypedStorage._new_shared(nbytes)``, patient with a slow manager.
+
+    Raises:
+        ManagerTimeoutError: under ``file_system`` sharing, the manager did not answer
+            within ``patience_s`` seconds.
+    """
+    return _patiently(lambda: torch.UntypedStorage._new_shared(nbytes), patience_s)
+
+
+def open_shared_storage(
+    manager: bytes, name: bytes, nbytes: int, patience_s: float = MANAGER_PATIENCE_S
+) -> torch.UntypedStorage:
+    """The ``file_system`` storage ``name`` of ``manager``, mapped here, patient as above.
+
+    Raises:
+        ManagerTimeoutError: the manager did not answer within ``patience_s`` seconds.
+    """
+    return _patiently(
+        lambda: torch.UntypedStorage._new_shared_filename_cpu(manager, name, nbytes), patience_s
+    )
+
+
+def _patiently(make: Callable[[], torch.UntypedStorage], patience_s: float) -> torch.UntypedStorage:
+    """``make()``, again after each of libshm's one-second timeouts, for ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return make()
+        except RuntimeError as error:
+            if _TIMED_OUT not in str(error):
+                raise
+            if time.monotonic() >= deadline:
+                raise ManagerTimeoutError(
+                    f"torch's shared-memory manager (torch_shm_manager, which the "
+                    f"file_system sharing strategy registers every shared storage with) "
+                    f"did not answer within {patience_s:g} s: the machine is overloaded, "
+                    f"or the manager was stopped. Free some cores, or share by descriptor: "
+                    f"torch.multiprocessing.set_sharing_strategy('file_descriptor')"
+                ) from error
 
 
 def manager_address(fd: int) -> str | None:

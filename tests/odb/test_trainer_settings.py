@@ -42,6 +42,7 @@ from tests.odb.trainer_settings_script import (
     TORCHRUN_COLLATE,
     run_settings,
 )
+from tests.shm_manager import connected_manager, paused_manager
 
 SCRIPT = Path(__file__).with_name("trainer_settings_script.py")
 START_METHODS = ["start_method_spawn", "start_method_forkserver"]
@@ -170,6 +171,26 @@ def test_the_issue_snippet_trains_at_one_rank_with_the_handoffs_guarantees(colla
     In a forked child (``tests.forked``): the strategy's torch_shm_manager goes with it.
     """
     run_forked(_snippet_with_the_handoffs_guarantees, collate)
+
+
+def _a_paused_manager_at_the_start(collate: str) -> list[int]:
+    pid = connected_manager()  # the trainer shared a tensor before: its manager
+    loader = odb.ODBLoader(
+        _Dataset(), token_budget=256, collate_fn=odb.PadCollate(), **COLLATE[collate]
+    )
+    with paused_manager(pid, resume_after_s=3.0):
+        return sorted(i for batch in loader for i in odb.pop_step_info(batch).sample_ids)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("collate", ["fork", "spawn", "forkserver"])
+def test_a_busy_shm_manager_at_the_collate_start_fails_nothing(collate: str) -> None:
+    """Issue 56: beside two busy processes a forkserver collate process died unpickling
+    its start arguments, its shared heartbeat's registration with torch_shm_manager
+    timed out (libshm waits one second). Reproduced by pausing the manager past that
+    second while the loader starts: nothing of ODB's start needs the manager now, and
+    its blocks wait for it (``odb._process.torch_shm``)."""
+    assert run_forked(_a_paused_manager_at_the_start, collate) == list(range(64))
 
 
 # A lock of the trainer's that its metrics thread holds while it writes; the dataset

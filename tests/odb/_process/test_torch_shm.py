@@ -17,6 +17,7 @@ from odb._process import torch_shm
 from odb._process.collate_process import leave_trainer
 from odb._process.forking import checked_fork_context
 from tests.forked import run_forked
+from tests.shm_manager import connected_manager, paused_manager
 
 
 def _manager_connections() -> dict[int, str]:
@@ -80,3 +81,50 @@ def test_a_forked_child_shares_through_its_own_connection_to_the_same_manager() 
     # The same descriptor number (libshm's table holds it) and manager, a new connection.
     assert found["connections"] == found["expected"]
     assert found["new_connection"], "the child shares the parent's connection"
+
+
+def _storages_wait_for_a_paused_manager() -> dict[str, Any]:
+    pid = connected_manager()
+    found: dict[str, Any] = {}
+    with paused_manager(pid):
+        try:  # libshm alone: the reproducer reproduces
+            torch.UntypedStorage._new_shared(16)
+        except RuntimeError as error:
+            found["libshm"] = str(error).splitlines()[0]
+    shared = torch.arange(4, dtype=torch.uint8).share_memory_()
+    handle = shared.untyped_storage()._share_filename_cpu_()
+    with paused_manager(pid, resume_after_s=2.5):
+        made = torch_shm.new_shared_storage(16)
+    with paused_manager(pid, resume_after_s=2.5):
+        opened = torch_shm.open_shared_storage(*handle)
+    # The late answers left on the connection do not confuse later storages.
+    later = [torch_shm.new_shared_storage(8) for _ in range(3)]
+    found["made"] = made.nbytes()
+    found["opened"] = bytes(opened.tolist()) == bytes(range(4))
+    found["later"] = [s.nbytes() for s in later]
+    return found
+
+
+@pytest.mark.dist
+def test_odbs_storages_wait_for_a_paused_manager() -> None:
+    """Issue 56's reproducer, made deterministic: the manager stopped past libshm's
+    one-second wait fails torch's own call and not ODB's, which waits it out."""
+    found = run_forked(_storages_wait_for_a_paused_manager)
+    assert found["libshm"] == torch_shm._TIMED_OUT
+    assert found["made"] == 16
+    assert found["opened"]
+    assert found["later"] == [8, 8, 8]
+
+
+def _a_manager_that_never_answers() -> str:
+    with paused_manager(connected_manager()):
+        with pytest.raises(torch_shm.ManagerTimeoutError) as raised:
+            torch_shm.new_shared_storage(16, patience_s=2.0)
+    return str(raised.value)
+
+
+@pytest.mark.dist
+def test_a_manager_that_never_answers_is_named_with_what_to_change() -> None:
+    message = run_forked(_a_manager_that_never_answers)
+    assert "torch_shm_manager" in message and "within 2 s" in message
+    assert "set_sharing_strategy('file_descriptor')" in message
