@@ -9,9 +9,13 @@ collective.
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
+import mmap
+import os
+import struct
+import tempfile
+import weakref
 from collections.abc import Callable
+from multiprocessing import reduction
 from typing import Any
 
 from odb._process.comm import AlignmentGroup
@@ -21,23 +25,62 @@ from odb._process.rendezvous import Rendezvous
 class Heartbeat:
     """A counter the collate side bumps whenever it makes progress; the trainer reads it.
 
-    In process mode (``shared``) a 64-bit integer on multiprocessing's shared heap (an
-    unlinked file both processes map): a forked collate process inherits the mapping, a
-    spawned one (or one a forkserver starts) receives the file's descriptor with its
-    start arguments. No name in ``/dev/shm``, so nothing to release at any exit, and no
-    word with torch's shared-memory manager, which under ``file_system`` sharing can
-    time out while a process unpickles its start arguments (issue 56;
+    In process mode (``shared``) eight bytes of a mapping both processes share, of an
+    anonymous file (``memfd``): a forked collate process inherits the mapping, a spawned
+    one (or one a forkserver starts) receives the file's descriptor with its start
+    arguments and maps it. No name in ``/dev/shm`` and nothing held once the object is
+    gone, and no word with torch's shared-memory manager, which under ``file_system``
+    sharing can time out while a process unpickles its start arguments (issue 56;
     :mod:`odb._process.torch_shm`). One writer (the collate side), one reader.
     """
 
     def __init__(self, shared: bool) -> None:
-        self._count = multiprocessing.RawValue(ctypes.c_int64, 0) if shared else ctypes.c_int64(0)
+        self._fd = _anonymous_file(_COUNTER.size) if shared else None
+        self._counter = bytearray(_COUNTER.size) if self._fd is None else _mapping(self._fd)
+        if self._fd is not None:  # kept to send; closed with the object
+            weakref.finalize(self, os.close, self._fd)
 
     def beat(self) -> None:
-        self._count.value += 1
+        _COUNTER.pack_into(self._counter, 0, self.value() + 1)
 
     def value(self) -> int:
-        return int(self._count.value)
+        return int(_COUNTER.unpack_from(self._counter)[0])
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._fd is None:
+            raise TypeError("a thread-mode Heartbeat is not shared and cannot be pickled")
+        return _mapped_heartbeat, (reduction.DupFd(self._fd),)
+
+
+_COUNTER = struct.Struct("q")
+
+
+def _anonymous_file(nbytes: int) -> int:
+    """A descriptor of a new ``nbytes``-byte file that has no name anywhere."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("odb-heartbeat", os.MFD_CLOEXEC)
+    else:  # no memfd (not Linux): an unlinked temporary file
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, nbytes)
+    return fd
+
+
+def _mapping(fd: int) -> mmap.mmap:
+    """The counter's shared mapping (it holds a descriptor of its own while it lives)."""
+    return mmap.mmap(fd, _COUNTER.size)
+
+
+def _mapped_heartbeat(descriptor: Any) -> Heartbeat:
+    """The shared heartbeat of a descriptor received from the trainer, mapped here."""
+    fd = descriptor.detach()
+    heartbeat = Heartbeat.__new__(Heartbeat)
+    heartbeat._fd = None  # received, not to be sent on
+    try:
+        heartbeat._counter = _mapping(fd)
+    finally:
+        os.close(fd)
+    return heartbeat
 
 
 class Stopped(Exception):

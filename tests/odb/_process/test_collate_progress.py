@@ -9,6 +9,9 @@ nothing: tests/odb/test_trainer_settings.py."""
 from __future__ import annotations
 
 import ctypes
+import gc
+import os
+import pickle
 import threading
 
 import pytest
@@ -52,5 +55,21 @@ def test_a_shared_heartbeat_counts_another_processs_beats_and_has_no_name() -> N
     child.join(30)
     assert child.exitcode == 0
     assert heartbeat.value() == 4
-    # An unlinked file: nothing to free at an exit that skips the teardown (issue 56).
-    assert _mapped_file(ctypes.addressof(heartbeat._count)).endswith("(deleted)")
+    # An anonymous file: no /dev/shm name to free at an exit that skips the teardown,
+    # nothing of torch's shared-memory manager (issue 56).
+    address = ctypes.addressof(ctypes.c_char.from_buffer(heartbeat._counter))
+    assert _mapped_file(address).startswith("/memfd:odb-heartbeat")
+
+
+def test_a_dropped_heartbeat_holds_no_descriptor() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    heartbeat = Heartbeat(shared=True)
+    assert set(os.listdir("/proc/self/fd")) - before  # the file's, and the mapping's own
+    del heartbeat
+    gc.collect()
+    assert set(os.listdir("/proc/self/fd")) - before == set()
+
+
+def test_a_thread_mode_heartbeat_is_not_pickled() -> None:
+    with pytest.raises(TypeError, match="not shared"):
+        pickle.dumps(Heartbeat(shared=False))
