@@ -93,6 +93,18 @@ def held_shm(pids: Iterable[int] | None = None) -> set[str]:
     return held | {name for name in shm_entries() if _inode(name) in inodes}
 
 
+def mapped_file(address: int) -> str:
+    """The file this process maps at ``address``, as ``/proc/self/maps`` names it
+    (``""`` for an anonymous mapping); AssertionError if nothing is mapped there."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 else ""
+    raise AssertionError(f"nothing mapped at {address:#x}")
+
+
 def _inode(name: str) -> int | None:
     try:
         return os.stat(os.path.join(SHM_DIR, name)).st_ino

@@ -51,6 +51,18 @@ class Heartbeat:
             raise TypeError("a thread-mode Heartbeat is not shared and cannot be pickled")
         return _mapped_heartbeat, (reduction.DupFd(self._fd),)
 
+    @classmethod
+    def _from_descriptor(cls, fd: int) -> Heartbeat:
+        """The heartbeat mapped from received descriptor ``fd`` (closed here; the
+        mapping holds its own), not to be sent on."""
+        heartbeat = cls.__new__(cls)
+        heartbeat._fd = None
+        try:
+            heartbeat._counter = _mapping(fd)
+        finally:
+            os.close(fd)
+        return heartbeat
+
 
 _COUNTER = struct.Struct("q")
 
@@ -73,14 +85,7 @@ def _mapping(fd: int) -> mmap.mmap:
 
 def _mapped_heartbeat(descriptor: Any) -> Heartbeat:
     """The shared heartbeat of a descriptor received from the trainer, mapped here."""
-    fd = descriptor.detach()
-    heartbeat = Heartbeat.__new__(Heartbeat)
-    heartbeat._fd = None  # received, not to be sent on
-    try:
-        heartbeat._counter = _mapping(fd)
-    finally:
-        os.close(fd)
-    return heartbeat
+    return Heartbeat._from_descriptor(descriptor.detach())
 
 
 class Stopped(Exception):

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 import odb
 from harness.ranks import run_ranks
-from harness.shm_audit import ShmAudit, held_shm, shm_entries
+from harness.shm_audit import ShmAudit, held_shm, mapped_file, shm_entries
 from harness.torchrun import run_torchrun
 from tests.forked import run_forked
 from tests.odb.trainer_settings_script import (
@@ -115,18 +115,6 @@ def test_the_issue_snippet_trains_each_sample_once_at_four_ranks() -> None:
     assert sorted(i for ids in per_rank for i in ids) == list(range(64))
 
 
-def _shm_mapped(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s memory lies in a ``/dev/shm`` mapping of this process."""
-    address = tensor.untyped_storage().data_ptr()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "/dev/shm/" in line:
-                start, end = (int(x, 16) for x in line.split()[0].split("-"))
-                if start <= address < end:
-                    return True
-    return False
-
-
 def _snippet_with_the_handoffs_guarantees(collate: str) -> None:
     with ShmAudit() as shm:
         _the_handoffs_guarantees(shm, collate)
@@ -142,7 +130,8 @@ def _the_handoffs_guarantees(shm: ShmAudit, collate: str) -> None:
     ids = sorted(i for batch in kept for i in odb.pop_step_info(batch).sample_ids)
     assert ids == list(range(64))
     # No copy: every batch is a view of a block mapped from shared memory.
-    assert all(_shm_mapped(batch["input_ids"]) for batch in kept)
+    mapped = [mapped_file(batch["input_ids"].untyped_storage().data_ptr()) for batch in kept]
+    assert all(name.startswith("/dev/shm/") for name in mapped), mapped
     del loader
     gc.collect()
     held = _torch_segments_held() - before

@@ -16,6 +16,7 @@ import threading
 
 import pytest
 
+from harness.shm_audit import mapped_file
 from odb._process.collate_progress import BeatingGroup, Heartbeat, Stopped, check_stop
 from odb._process.forking import checked_fork_context
 
@@ -36,17 +37,6 @@ def _beat_three_times(heartbeat: Heartbeat) -> None:
         heartbeat.beat()
 
 
-def _mapped_file(address: int) -> str:
-    """The file this process maps at ``address``, as ``/proc/self/maps`` names it."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if start <= address < end:
-                return fields[5].strip() if len(fields) > 5 else ""
-    raise AssertionError(f"nothing mapped at {address:#x}")
-
-
 def test_a_shared_heartbeat_counts_another_processs_beats_and_has_no_name() -> None:
     heartbeat = Heartbeat(shared=True)
     heartbeat.beat()
@@ -58,7 +48,7 @@ def test_a_shared_heartbeat_counts_another_processs_beats_and_has_no_name() -> N
     # An anonymous file: no /dev/shm name to free at an exit that skips the teardown,
     # nothing of torch's shared-memory manager (issue 56).
     address = ctypes.addressof(ctypes.c_char.from_buffer(heartbeat._counter))
-    assert _mapped_file(address).startswith("/memfd:odb-heartbeat")
+    assert mapped_file(address).startswith("/memfd:odb-heartbeat")
 
 
 def test_a_dropped_heartbeat_holds_no_descriptor() -> None:
