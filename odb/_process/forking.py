@@ -1,7 +1,7 @@
 """Forking that survives a child deadlocked by a lock another thread held at the fork.
 
 A forked child has one thread; a lock that another thread of the parent held at the
-fork stays held in the child forever, unless the fork resets it. Two such locks met ODB:
+fork stays held in the child forever, unless the fork resets it. Three such locks met ODB:
 
 - the interpreter's thread-state lock: CPython before 3.11.10 (and 3.10/3.9 before their
   2024 security releases; 3.12+ is fixed) deadlocks the child in
@@ -11,17 +11,22 @@ fork stays held in the child forever, unless the fork resets it. Two such locks 
   2.42): the child deadlocks at its first name lookup. Every ``TCPStore`` connection
   makes one (c10d formats the peer's address with ``getnameinfo``), and rank 0's store
   server makes one on every connection it accepts, on its own thread: a collate
-  process forked on rank 0 while a peer connected hung in its first store connection.
+  process forked on rank 0 while a peer connected hung in its first store connection;
+- torch's default CPU generator's mutex (``fork`` does not reset it, torch 2.13): a
+  trainer thread drawing random numbers at the fork (a metrics thread, augmentation in
+  a thread) leaves it held in the child, which deadlocks at its first draw: the
+  DataLoader's base seed in a collate process, ``torch.manual_seed`` in every worker
+  (the repeat campaign met it, issue 56).
 
 A trainer runs threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's
-forks of its collate process and of DataLoader workers can hit either (how often the
+forks of its collate process and of DataLoader workers can hit any of them (how often the
 soak met them: ``docs/reliability.md``, "Soak").
 
 :func:`checked_fork_context` is a ``fork`` multiprocessing context whose children take
-and release the resolver lock and then report, as their first statements, that the fork
-is behind them. A child that has not reported and sleeps in the kernel is killed and
-forked again. Nothing is lost by the retry: the dead child ran none of its work, so it
-took nothing from any queue or pipe.
+and release the resolver lock and the generator's mutex and then report, as their first
+statements, that the fork is behind them. A child that has not reported and sleeps in the
+kernel is killed and forked again. Nothing is lost by the retry: the dead child ran none
+of its work, so it took nothing from any queue or pipe.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import time
 from multiprocessing import context as mp_context
 from multiprocessing import popen_fork, util
 from typing import Any
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +72,18 @@ class CheckedForkPopen(popen_fork.Popen):
                 return
             log.warning(
                 "a forked child (pid %d) deadlocked on a lock held at the fork (CPython "
-                "gh-112275, fixed in Python 3.11.10 and 3.12, or glibc's resolver lock); "
-                "killed it and forked again (attempt %d of %d)",
+                "gh-112275, fixed in Python 3.11.10 and 3.12, glibc's resolver lock, or "
+                "torch's CPU generator lock); killed it and forked again (attempt %d of %d)",
                 self.pid,
                 attempt,
                 ATTEMPTS,
             )
         raise ForkDeadlockError(
             f"{ATTEMPTS} forks in a row deadlocked before the child ran (CPython "
-            "gh-112275, or glibc's resolver lock held by a thread of this process). "
-            "Upgrade Python (3.11.10+ or 3.12+), or start processes with spawn "
-            "(ODBConfig(collate_start_method='spawn', worker_start_method='spawn'))"
+            "gh-112275, or glibc's resolver lock or torch's CPU generator lock held by a "
+            "thread of this process). Upgrade Python (3.11.10+ or 3.12+), or start "
+            "processes with spawn (ODBConfig(collate_start_method='spawn', "
+            "worker_start_method='spawn'))"
         )
 
     def _launch_once(self, process_obj: Any) -> bool:
@@ -88,6 +96,7 @@ class CheckedForkPopen(popen_fork.Popen):
         if self.pid == 0:  # pragma: no cover - the child; its outcome is checked by the parent
             try:
                 _take_resolver_lock()  # deadlocks here, not at the first lookup, if held
+                _take_generator_lock()  # deadlocks here, not at the first draw, if held
                 os.write(ready_w, b"\0")  # the fork is behind us
                 for fd in (parent_r, parent_w, ready_r, ready_w):
                     os.close(fd)
@@ -131,6 +140,16 @@ def _take_resolver_lock() -> None:
     """
     if _RES_INIT is not None:
         _RES_INIT()
+
+
+def _take_generator_lock() -> None:
+    """Take and release the mutex of torch's default CPU generator.
+
+    ``get_state`` holds it while it copies the state (``initial_seed`` would not take
+    it); in a child forked while another thread drew random numbers it never returns,
+    as the child's first draw would not.
+    """
+    torch.default_generator.get_state()
 
 
 def _await_report(pid: int, ready_r: int) -> bool:

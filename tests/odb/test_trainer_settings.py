@@ -60,9 +60,7 @@ STACKED = [
 
 def _check_every_sample_once(per_rank: list[dict[str, dict[str, Any]]]) -> None:
     for name in per_rank[0]:
-        runs = [ranks[name] for ranks in per_rank]
-        errors = [run["error"] for run in runs if "error" in run]
-        assert not errors, f"{name}: {errors[0]}"
+        runs = [ranks[name] for ranks in per_rank]  # a run's error was raised in its rank
         ids = sorted(i for run in runs for i in run["ids"])
         assert ids == list(range(len(LENGTHS))), f"{name}: samples lost or repeated: {ids}"
 

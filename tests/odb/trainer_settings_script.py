@@ -10,8 +10,8 @@ Used by ``tests/odb/test_trainer_settings.py`` on ranks started by ``harness.ran
 
 A run applies one or more settings in the rank, builds a loader with one way of running
 the collate side (:data:`COLLATE`), runs it for one epoch and undoes the settings. It
-reports the sample ids the rank yielded (or the error it raised); the test checks that
-every sample arrived exactly once over the ranks.
+reports the sample ids the rank yielded (a run's error ends the rank's runs, named); the
+test checks that every sample arrived exactly once over the ranks.
 """
 
 from __future__ import annotations
@@ -165,11 +165,19 @@ def run_one(settings: list[str], collate: str, workdir: str) -> dict[str, Any]:
 def run_settings(
     rank: int, world_size: int, runs: list[tuple[list[str], str]], workdir: str
 ) -> dict[str, dict[str, Any]]:
-    """Rank body: each ``(settings, collate)`` run, keyed ``"setting+setting/collate"``."""
-    return {
-        "+".join(settings) + "/" + collate: run_one(settings, collate, workdir)
-        for settings, collate in runs
-    }
+    """Rank body: each ``(settings, collate)`` run, keyed ``"setting+setting/collate"``.
+
+    Raises at a run's error, naming the run: a rank that went on to the next run would
+    leave its peers waiting for it in this one (``init_timeout_s``), and the error would
+    surface only as their hang.
+    """
+    results = {}
+    for settings, collate in runs:
+        name = "+".join(settings) + "/" + collate
+        results[name] = run_one(settings, collate, workdir)
+        if "error" in results[name]:
+            raise RuntimeError(f"rank {rank}, run {name}: {results[name]['error']}")
+    return results
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import logging
 import os
 import platform
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import odb
@@ -133,6 +135,64 @@ def test_a_child_forked_while_the_resolver_lock_was_held_is_forked_again() -> No
     assert result["ran"] == result["pid"] and result["exitcode"] == 0
     [message] = result["messages"]  # the first child stuck, the second ran
     assert "resolver lock" in message
+
+
+def _draw_and_report(out: Any) -> None:
+    out.put((os.getpid(), float(torch.randn(1))))  # a draw takes the generator's mutex
+
+
+def _generator_held_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Fork while another thread holds torch's CPU generator mutex (the real one).
+
+    One long draw holds it (about 1 s here, longer on a loaded machine; the draw lets go
+    of the GIL, so the fork can happen meanwhile); the fork comes 0.3 s after the draw
+    began. Whether it landed inside the draw is measured, not assumed.
+    """
+    records = _capture()
+    window: dict[str, float] = {}
+    entered = threading.Event()
+
+    def draw() -> None:
+        window["start"] = time.monotonic()
+        entered.set()
+        torch.randn(_LONG_DRAW)
+        window["end"] = time.monotonic()
+
+    forks: list[float] = []
+    os.register_at_fork(before=lambda: forks.append(time.monotonic()))
+    drawing = threading.Thread(target=draw, daemon=True)
+    drawing.start()
+    entered.wait()
+    time.sleep(0.3)
+    ctx = checked_fork_context()
+    out = ctx.Queue()
+    process = ctx.Process(target=_draw_and_report, args=(out,))
+    process.start()
+    pid, _ = out.get(timeout=60)
+    process.join(30)
+    drawing.join()
+    return dict(
+        ran=pid,
+        pid=process.pid,
+        exitcode=process.exitcode,
+        held=window["start"] < forks[0] < window["end"],
+        messages=records.messages,
+    )
+
+
+_LONG_DRAW = 100_000_000  # 400 MB of torch.randn: about 0.9 s on one idle core here
+
+
+@pytest.mark.dist
+def test_a_child_forked_while_the_generator_was_drawing_is_forked_again() -> None:
+    """A child takes torch's CPU generator mutex before it reports (the repeat campaign
+    met the deadlock in a forked collate process, issue 56); without it the child's
+    first draw never returns."""
+    [result] = run_ranks(_generator_held_rank, 1, timeout=120)
+    assert result["held"], "the fork came after the long draw: the test did not hold the mutex"
+    assert result["ran"] == result["pid"] and result["exitcode"] == 0
+    assert result["messages"], "the child forked inside the draw was not caught"
+    assert all("generator lock" in message for message in result["messages"])
 
 
 @pytest.mark.skipif(
