@@ -144,18 +144,19 @@ def _draw_and_report(out: Any) -> None:
 def _generator_held_rank(rank: int, world_size: int) -> dict[str, Any]:
     """Fork while another thread holds torch's CPU generator mutex (the real one).
 
-    One long draw holds it (about 1 s here, longer on a loaded machine; the draw lets go
+    One long draw holds it (sized to last about 1.5 s on this machine; the draw lets go
     of the GIL, so the fork can happen meanwhile); the fork comes 0.3 s after the draw
     began. Whether it landed inside the draw is measured, not assumed.
     """
     records = _capture()
     window: dict[str, float] = {}
     entered = threading.Event()
+    size = _long_draw_size()
 
     def draw() -> None:
         window["start"] = time.monotonic()
         entered.set()
-        torch.randn(_LONG_DRAW)
+        torch.empty(size).exponential_()
         window["end"] = time.monotonic()
 
     forks: list[float] = []
@@ -180,7 +181,13 @@ def _generator_held_rank(rank: int, world_size: int) -> dict[str, Any]:
     )
 
 
-_LONG_DRAW = 100_000_000  # 400 MB of torch.randn: about 0.9 s on one idle core here
+def _long_draw_size(seconds: float = 1.5, most: int = 100_000_000) -> int:
+    """Elements of ``exponential_`` (one serial draw under the mutex) lasting ``seconds``
+    here, timed on a short draw; at most ``most`` (400 MB)."""
+    sample = 2_000_000
+    started = time.perf_counter()
+    torch.empty(sample).exponential_()
+    return min(int(sample * seconds / (time.perf_counter() - started)), most)
 
 
 @pytest.mark.dist
