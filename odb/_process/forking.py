@@ -1,7 +1,7 @@
-"""Forking that survives a child deadlocked by a lock another thread held at the fork.
+"""Forking that survives what the parent's other threads leave behind in the child.
 
 A forked child has one thread; a lock that another thread of the parent held at the
-fork stays held in the child forever, unless the fork resets it. Three such locks met ODB:
+fork stays held in the child forever, unless the fork resets it. Four such locks met ODB:
 
 - the interpreter's thread-state lock: CPython before 3.11.10 (and 3.10/3.9 before their
   2024 security releases; 3.12+ is fixed) deadlocks the child in
@@ -16,22 +16,38 @@ fork stays held in the child forever, unless the fork resets it. Three such lock
   trainer thread drawing random numbers at the fork (a metrics thread, augmentation in
   a thread) leaves it held in the child, which deadlocks at its first draw: the
   DataLoader's base seed in a collate process, ``torch.manual_seed`` in every worker
-  (the repeat campaign met it, issue 56).
+  (the repeat campaign met it, issue 56);
+- c10d's flight-recorder mutex (on by default, ``TORCH_FR_BUFFER_SIZE=2000``, torch
+  2.13): every Gloo collective is recorded under it when issued, and retired under it
+  by the group's worker thread after the caller's ``wait`` returned; a fork at that
+  moment leaves it held in the child, which deadlocks creating its first process group
+  (``record_pg_ranks``). ODB forks right after the trainer's rendezvous collective (the
+  repeat campaign met it, issue 56).
+
+The parent's threads leave one more hazard: the C++ objects it owns. glibc hands the
+stacks (and thread descriptors) of the parent's threads to the child's new threads, so
+a destructor run in the child that joins a thread of the parent (a ``TCPStore``
+server's, a Gloo group's workers) joins a stranger: ``std::system_error`` ("Invalid
+argument") and an abort. Python runs such destructors when its collector frees the
+parent's unreachable objects.
 
 A trainer runs threads (Gloo, the TCPStore, queue feeders, a collate thread), so ODB's
-forks of its collate process and of DataLoader workers can hit any of them (how often the
-soak met them: ``docs/reliability.md``, "Soak").
+forks of its collate process and of DataLoader workers can meet any of these (how often
+the soak met them: ``docs/reliability.md``, "Soak").
 
-:func:`checked_fork_context` is a ``fork`` multiprocessing context whose children take
-and release the resolver lock and the generator's mutex and then report, as their first
-statements, that the fork is behind them. A child that has not reported and sleeps in the
-kernel is killed and forked again. Nothing is lost by the retry: the dead child ran none
-of its work, so it took nothing from any queue or pipe.
+:func:`checked_fork_context` is a ``fork`` multiprocessing context whose children
+freeze what they inherited for the collector (``gc.freeze``: never freed, nor written
+to, in the child), take and release the resolver lock, the generator's mutex and the
+flight recorder's, and then report, as their first statements, that the fork is behind
+them. A child that has not reported and sleeps in the kernel is killed and forked again.
+Nothing is lost by the retry: the dead child ran none of its work, so it took nothing
+from any queue or pipe.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import multiprocessing
 import os
@@ -72,16 +88,18 @@ class CheckedForkPopen(popen_fork.Popen):
                 return
             log.warning(
                 "a forked child (pid %d) deadlocked on a lock held at the fork (CPython "
-                "gh-112275, fixed in Python 3.11.10 and 3.12, glibc's resolver lock, or "
-                "torch's CPU generator lock); killed it and forked again (attempt %d of %d)",
+                "gh-112275, fixed in Python 3.11.10 and 3.12, glibc's resolver lock, "
+                "torch's CPU generator lock, or c10d's flight-recorder lock); killed it "
+                "and forked again (attempt %d of %d)",
                 self.pid,
                 attempt,
                 ATTEMPTS,
             )
         raise ForkDeadlockError(
             f"{ATTEMPTS} forks in a row deadlocked before the child ran (CPython "
-            "gh-112275, or glibc's resolver lock or torch's CPU generator lock held by a "
-            "thread of this process). Upgrade Python (3.11.10+ or 3.12+), or start "
+            "gh-112275, or glibc's resolver lock, torch's CPU generator lock or c10d's "
+            "flight-recorder lock held by a thread of this process). Upgrade Python "
+            "(3.11.10+ or 3.12+), or start "
             "processes with spawn (ODBConfig(collate_start_method='spawn', "
             "worker_start_method='spawn'))"
         )
@@ -92,11 +110,12 @@ class CheckedForkPopen(popen_fork.Popen):
         parent_r, child_w = os.pipe()
         child_r, parent_w = os.pipe()
         ready_r, ready_w = os.pipe()
-        self.pid = os.fork()
+        self.pid = _fork_frozen()
         if self.pid == 0:  # pragma: no cover - the child; its outcome is checked by the parent
             try:
                 _take_resolver_lock()  # deadlocks here, not at the first lookup, if held
                 _take_generator_lock()  # deadlocks here, not at the first draw, if held
+                _take_flight_recorder_lock()  # here, not at the first process group
                 os.write(ready_w, b"\0")  # the fork is behind us
                 for fd in (parent_r, parent_w, ready_r, ready_w):
                     os.close(fd)
@@ -119,6 +138,29 @@ class CheckedForkPopen(popen_fork.Popen):
         self.finalizer = util.Finalize(self, util.close_fds, (parent_r, parent_w))  # type: ignore[attr-defined]
         self.sentinel = parent_r
         return True
+
+
+def _fork_frozen() -> int:
+    """``os.fork()``; the child freezes what it inherited before it can collect any of it.
+
+    Nothing the parent owned is freed in the child (the destructors of C++ objects that
+    own threads would join strangers, see above), and the child's collector does not
+    write to (and copy) the inherited pages. No collection runs between the fork and the
+    freeze: the collector is off across the fork, in both processes, as briefly as that.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        pid = os.fork()
+    except BaseException:
+        if collecting:
+            gc.enable()
+        raise
+    if pid == 0:
+        gc.freeze()
+    if collecting:
+        gc.enable()
+    return pid
 
 
 def _resolver_init() -> Any:
@@ -150,6 +192,28 @@ def _take_generator_lock() -> None:
     as the child's first draw would not.
     """
     torch.default_generator.get_state()
+
+
+def _flight_recorder_dump() -> Any:
+    """c10d's ``_dump_fr_trace`` (None without ``torch.distributed``): it takes the mutex."""
+    if not torch.distributed.is_available():
+        return None
+    return getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+
+
+_DUMP_FLIGHT_RECORDER = _flight_recorder_dump()  # looked up in the parent: a child calls it
+
+
+def _take_flight_recorder_lock() -> None:
+    """Take and release the mutex of c10d's flight recorder (the one Gloo records into).
+
+    Dumping the collectives copies the recorder's entries under it (8-20 ms with the
+    2000 entries of a full recorder; nothing when it is off); in a child forked while a
+    Gloo worker thread retired a collective it never returns, as the child's first
+    process group would not.
+    """
+    if _DUMP_FLIGHT_RECORDER is not None:
+        _DUMP_FLIGHT_RECORDER(True, False, True)  # collectives, no stacks, active only
 
 
 def _await_report(pid: int, ready_r: int) -> bool:

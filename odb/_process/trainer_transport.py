@@ -15,7 +15,6 @@ stall detection, the error contract) on top of it.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing.connection
 import os
 import queue
@@ -367,24 +366,16 @@ class _DeathWatcher:
 
 
 def _fork(process: Any) -> None:
-    """Fork ``process`` with the trainer's objects frozen for the garbage collector.
+    """Start ``process``, silencing Python 3.12+'s warning about forking with threads.
 
-    Frozen objects are never visited by the child's collector, so it does not write to
-    (and copy) the pages of the trainer's objects it inherited (``gc.freeze``). The
-    hazards of forking a trainer that runs threads are handled in the child
-    (:func:`odb._process.collate_process.leave_trainer`, one intra-op thread) and, for a child
-    the interpreter deadlocked at the fork, by the checked fork (:mod:`odb._process.forking`);
-    Python 3.12+'s warning about them is therefore silenced here.
+    The hazards of forking a trainer that runs threads are handled in the child: by the
+    checked fork (:mod:`odb._process.forking`: locks held at the fork, the trainer's
+    objects frozen for the child's collector) and by
+    :func:`odb._process.collate_process.leave_trainer` (sockets, one intra-op thread).
     """
-    gc.freeze()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", "This process .* is multi-threaded", DeprecationWarning
-            )
-            process.start()
-    finally:
-        gc.unfreeze()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+        process.start()
 
 
 def open_transport(

@@ -9,17 +9,21 @@ Hooks cannot be removed, so each test runs in a spawned process of its own.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import os
+import pickle
 import platform
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import odb
@@ -135,6 +139,105 @@ def test_a_child_forked_while_the_resolver_lock_was_held_is_forked_again() -> No
     assert result["ran"] == result["pid"] and result["exitcode"] == 0
     [message] = result["messages"]  # the first child stuck, the second ran
     assert "resolver lock" in message
+
+
+def _flight_recorder_held_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """The first child forks while this process holds a stand-in for the flight recorder's
+    mutex (a Gloo worker thread holds the real one for microseconds, retiring a collective
+    after its caller moved on: too briefly to fork inside on demand)."""
+    records = _capture()
+    held = threading.Lock()
+
+    def take_and_release(*args: Any) -> None:  # stands in for _dump_fr_trace in the child
+        held.acquire()
+        held.release()
+
+    odb._process.forking._DUMP_FLIGHT_RECORDER = take_and_release
+    held.acquire()
+    os.register_at_fork(after_in_parent=lambda: held.locked() and held.release())
+    return dict(**_fork_a_reporter(), messages=records.messages)
+
+
+@pytest.mark.dist
+def test_a_child_forked_while_the_flight_recorder_was_held_is_forked_again() -> None:
+    """A child takes c10d's flight-recorder mutex before it reports (the repeat campaign
+    met the deadlock: a collate process stuck creating its first Gloo group, issue 56)."""
+    [result] = run_ranks(_flight_recorder_held_rank, 1, timeout=90)
+    assert result["ran"] == result["pid"] and result["exitcode"] == 0
+    [message] = result["messages"]  # the first child stuck, the second ran
+    assert "flight-recorder lock" in message
+
+
+def _dump_after_a_collective(rank: int, world_size: int) -> dict[str, Any]:
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)
+    group.allreduce([torch.ones(1)]).wait()
+    dump = odb._process.forking._DUMP_FLIGHT_RECORDER
+    ops = [entry["profiling_name"] for entry in pickle.loads(dump(True, False, False))["entries"]]
+    return dict(real=dump is torch._C._distributed_c10d._dump_fr_trace, ops=ops)
+
+
+@pytest.mark.dist
+def test_the_child_takes_the_mutex_gloo_records_under() -> None:
+    """The child's probe dumps the recorder Gloo's collectives go into (its entries are
+    copied under the mutex that ``record_pg_ranks`` and ``retire_id`` take)."""
+    [result] = run_ranks(_dump_after_a_collective, 1, timeout=60)
+    assert result["real"]
+    assert "gloo:all_reduce" in result["ops"]
+
+
+class _Holder:
+    """A reference cycle around an object: only the collector frees it."""
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+        self.me = self
+
+
+def _new_threads_then_collect(out: Any, threads: int) -> None:
+    """Start ``threads`` threads (glibc gives them the stacks of the parent's), collect."""
+    release = threading.Event()
+    for _ in range(threads):
+        threading.Thread(target=release.wait, daemon=True).start()
+    gc.collect()
+    release.set()
+    out.put("collected")
+
+
+def _inherited_garbage_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Fork while a Gloo group (two worker threads) is garbage the collector has not freed.
+
+    Before the fix the child's collector freed it: the group's destructor joined its
+    worker threads, whose descriptors the child's new threads had taken, and the child
+    aborted ("std::system_error", "Invalid argument"), as a forked test body did in the
+    repeat campaign (issue 56).
+    """
+    gc.disable()  # the garbage stays until the fork
+    try:
+        ref = weakref.ref(_Holder(dist.ProcessGroupGloo(dist.HashStore(), 0, 1)))
+        threads = len(os.listdir("/proc/self/task"))
+        ctx = checked_fork_context()
+        out = ctx.Queue()
+        process = ctx.Process(target=_new_threads_then_collect, args=(out, threads + 2))
+        garbage_at_fork = ref() is not None
+        process.start()
+        process.join(60)
+        reported = out.get(timeout=10) if process.exitcode == 0 else None
+    finally:
+        gc.enable()
+    gc.collect()  # freed here, where its threads are
+    return dict(
+        garbage_at_fork=garbage_at_fork,
+        exitcode=process.exitcode,
+        reported=reported,
+        freed=ref() is None,
+    )
+
+
+@pytest.mark.dist
+def test_a_child_frees_nothing_it_inherited() -> None:
+    [result] = run_ranks(_inherited_garbage_rank, 1, timeout=120)
+    assert result["garbage_at_fork"]
+    assert result == dict(garbage_at_fork=True, exitcode=0, reported="collected", freed=True)
 
 
 def _draw_and_report(out: Any) -> None:
