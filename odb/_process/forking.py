@@ -1,7 +1,7 @@
 """Forking that survives what the parent's other threads leave behind in the child.
 
 A forked child has one thread; a lock that another thread of the parent held at the
-fork stays held in the child forever, unless the fork resets it. Four such locks met ODB:
+fork stays held in the child forever, unless the fork resets it. Five such locks met ODB:
 
 - the interpreter's thread-state lock: CPython before 3.11.10 (and 3.10/3.9 before their
   2024 security releases; 3.12+ is fixed) deadlocks the child in
@@ -23,6 +23,11 @@ fork stays held in the child forever, unless the fork resets it. Four such locks
   moment leaves it held in the child, which deadlocks creating its first process group
   (``record_pg_ranks``). ODB forks right after the trainer's rendezvous collective (the
   repeat campaign met it, issue 56).
+- numpy's global ``RandomState`` lock (a Python ``RLock``; nothing resets it at the
+  fork): a trainer thread in any ``np.random`` function at the fork leaves it held, and
+  every DataLoader worker deadlocks seeding numpy (``np.random.seed`` in torch's worker
+  loop), including the workers a collate process forked later (found by reading, issue
+  56).
 
 The parent's threads leave one more hazard: the C++ objects it owns. glibc hands the
 stacks (and thread descriptors) of the parent's threads to the child's new threads, so
@@ -37,11 +42,11 @@ the soak met them: ``docs/reliability.md``, "Soak").
 
 :func:`checked_fork_context` is a ``fork`` multiprocessing context whose children
 freeze what they inherited for the collector (``gc.freeze``: never freed, nor written
-to, in the child), take and release the resolver lock, the generator's mutex and the
-flight recorder's, and then report, as their first statements, that the fork is behind
-them. A child that has not reported and sleeps in the kernel is killed and forked again.
-Nothing is lost by the retry: the dead child ran none of its work, so it took nothing
-from any queue or pipe.
+to, in the child), take and release the resolver lock, the generator's mutex, the
+flight recorder's and numpy's lock, and then report, as their first statements, that
+the fork is behind them. A child that has not reported and sleeps in the kernel is
+killed and forked again. Nothing is lost by the retry: the dead child ran none of its
+work, so it took nothing from any queue or pipe.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 import time
 from multiprocessing import context as mp_context
 from multiprocessing import popen_fork, util
@@ -89,17 +95,17 @@ class CheckedForkPopen(popen_fork.Popen):
             log.warning(
                 "a forked child (pid %d) deadlocked on a lock held at the fork (CPython "
                 "gh-112275, fixed in Python 3.11.10 and 3.12, glibc's resolver lock, "
-                "torch's CPU generator lock, or c10d's flight-recorder lock); killed it "
-                "and forked again (attempt %d of %d)",
+                "torch's CPU generator lock, c10d's flight-recorder lock or numpy's "
+                "random lock); killed it and forked again (attempt %d of %d)",
                 self.pid,
                 attempt,
                 ATTEMPTS,
             )
         raise ForkDeadlockError(
             f"{ATTEMPTS} forks in a row deadlocked before the child ran (CPython "
-            "gh-112275, or glibc's resolver lock, torch's CPU generator lock or c10d's "
-            "flight-recorder lock held by a thread of this process). Upgrade Python "
-            "(3.11.10+ or 3.12+), or start "
+            "gh-112275, or glibc's resolver lock, torch's CPU generator lock, c10d's "
+            "flight-recorder lock or numpy's random lock held by a thread of this "
+            "process). Upgrade Python (3.11.10+ or 3.12+), or start "
             "processes with spawn (ODBConfig(collate_start_method='spawn', "
             "worker_start_method='spawn'))"
         )
@@ -116,6 +122,7 @@ class CheckedForkPopen(popen_fork.Popen):
                 _take_resolver_lock()  # deadlocks here, not at the first lookup, if held
                 _take_generator_lock()  # deadlocks here, not at the first draw, if held
                 _take_flight_recorder_lock()  # here, not at the first process group
+                _take_numpy_random_lock()  # here, not when a worker seeds numpy
                 os.write(ready_w, b"\0")  # the fork is behind us
                 for fd in (parent_r, parent_w, ready_r, ready_w):
                     os.close(fd)
@@ -214,6 +221,19 @@ def _take_flight_recorder_lock() -> None:
     """
     if _DUMP_FLIGHT_RECORDER is not None:
         _DUMP_FLIGHT_RECORDER(True, False, True)  # collectives, no stacks, active only
+
+
+def _take_numpy_random_lock() -> None:
+    """Take and release the lock of numpy's global ``RandomState`` (once numpy's random
+    module is imported: a child that imports it later makes a fresh one).
+
+    A DataLoader worker seeds it first (``np.random.seed``); in a child forked while
+    another thread was in an ``np.random`` function this never returns, as that would not.
+    """
+    mtrand = sys.modules.get("numpy.random.mtrand")
+    if mtrand is not None:
+        with mtrand._rand._bit_generator.lock:
+            pass
 
 
 def _await_report(pid: int, ready_r: int) -> bool:

@@ -20,6 +20,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -183,6 +184,38 @@ def test_the_child_takes_the_mutex_gloo_records_under() -> None:
     [result] = run_ranks(_dump_after_a_collective, 1, timeout=60)
     assert result["real"]
     assert "gloo:all_reduce" in result["ops"]
+
+
+def _numpy_held_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """DataLoader workers forked while a thread holds numpy's global RandomState lock
+    (the real one, across the first fork): torch's worker loop seeds numpy first."""
+    records = _capture()
+    lock = np.random.mtrand._rand._bit_generator.lock
+    taken, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a trainer thread inside np.random at the fork
+        with lock:
+            taken.set()
+            forked.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    taken.wait()
+    os.register_at_fork(after_in_parent=forked.set)
+    ctx = checked_fork_context()
+    loader = DataLoader(
+        range(8), batch_size=None, num_workers=2, multiprocessing_context=ctx, timeout=20
+    )
+    return dict(items=sorted(loader), messages=records.messages)
+
+
+@pytest.mark.dist
+def test_workers_forked_while_numpys_random_lock_was_held_are_forked_again() -> None:
+    """Without the child's probe the first worker never seeds numpy: the loader times out."""
+    [result] = run_ranks(_numpy_held_rank, 1, timeout=90)
+    assert result["items"] == list(range(8))
+    [message] = result["messages"]  # the first worker stuck, its second fork ran
+    assert "numpy's random lock" in message
 
 
 class _Holder:
