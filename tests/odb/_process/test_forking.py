@@ -118,55 +118,46 @@ def test_a_child_stuck_at_the_fork_is_killed_and_forked_again(tmp_path: Path) ->
     assert "gh-112275" in message and f"pid {result['stuck'][0]}" in message
 
 
-def _resolver_held_rank(rank: int, world_size: int) -> dict[str, Any]:
-    """The first child forks while this process holds a stand-in for the resolver lock."""
+def _stand_in_held_rank(rank: int, world_size: int, probe: str) -> dict[str, Any]:
+    """The first child forks while this process holds a stand-in for the lock that the
+    child's ``probe`` (a global of ``odb._process.forking``) takes; later forks find it free.
+
+    Stand-ins, because the real locks cannot be held on demand: glibc's resolver lock is
+    internal, and a Gloo worker thread holds the flight recorder's mutex for microseconds,
+    retiring a collective after its caller moved on.
+    """
     records = _capture()
     held = threading.Lock()
 
-    def take_and_release() -> None:  # stands in for glibc's __res_init in the child
+    def take_and_release(*args: Any) -> None:  # what the real probe does in the child
         held.acquire()
         held.release()
 
-    odb._process.forking._RES_INIT = take_and_release
+    setattr(odb._process.forking, probe, take_and_release)
     held.acquire()
     os.register_at_fork(after_in_parent=lambda: held.locked() and held.release())
     return dict(**_fork_a_reporter(), messages=records.messages)
 
 
 @pytest.mark.dist
-def test_a_child_forked_while_the_resolver_lock_was_held_is_forked_again() -> None:
-    """A child takes the resolver lock before it reports (CI met the deadlock, issue 56)."""
-    [result] = run_ranks(_resolver_held_rank, 1, timeout=90)
+@pytest.mark.parametrize(
+    ("probe", "named"),
+    [
+        # CI met the resolver deadlock, issue 56
+        ("_RES_INIT", "resolver lock"),
+        # the repeat campaign met it: a collate process stuck creating its first Gloo group
+        ("_DUMP_FLIGHT_RECORDER", "flight-recorder lock"),
+    ],
+)
+def test_a_child_forked_while_a_probed_lock_was_held_is_forked_again(
+    probe: str, named: str
+) -> None:
+    """A child takes the lock before it reports (issue 56); without the probe it reports
+    and would deadlock later, and no retry is logged."""
+    [result] = run_ranks(_stand_in_held_rank, 1, probe, timeout=90)
     assert result["ran"] == result["pid"] and result["exitcode"] == 0
     [message] = result["messages"]  # the first child stuck, the second ran
-    assert "resolver lock" in message
-
-
-def _flight_recorder_held_rank(rank: int, world_size: int) -> dict[str, Any]:
-    """The first child forks while this process holds a stand-in for the flight recorder's
-    mutex (a Gloo worker thread holds the real one for microseconds, retiring a collective
-    after its caller moved on: too briefly to fork inside on demand)."""
-    records = _capture()
-    held = threading.Lock()
-
-    def take_and_release(*args: Any) -> None:  # stands in for _dump_fr_trace in the child
-        held.acquire()
-        held.release()
-
-    odb._process.forking._DUMP_FLIGHT_RECORDER = take_and_release
-    held.acquire()
-    os.register_at_fork(after_in_parent=lambda: held.locked() and held.release())
-    return dict(**_fork_a_reporter(), messages=records.messages)
-
-
-@pytest.mark.dist
-def test_a_child_forked_while_the_flight_recorder_was_held_is_forked_again() -> None:
-    """A child takes c10d's flight-recorder mutex before it reports (the repeat campaign
-    met the deadlock: a collate process stuck creating its first Gloo group, issue 56)."""
-    [result] = run_ranks(_flight_recorder_held_rank, 1, timeout=90)
-    assert result["ran"] == result["pid"] and result["exitcode"] == 0
-    [message] = result["messages"]  # the first child stuck, the second ran
-    assert "flight-recorder lock" in message
+    assert named in message
 
 
 def _dump_after_a_collective(rank: int, world_size: int) -> dict[str, Any]:
