@@ -230,10 +230,18 @@ def _take_numpy_random_lock() -> None:
     A DataLoader worker seeds it first (``np.random.seed``); in a child forked while
     another thread was in an ``np.random`` function this never returns, as that would not.
     """
-    mtrand = sys.modules.get("numpy.random.mtrand")
-    if mtrand is not None:
-        with mtrand._rand._bit_generator.lock:
+    lock = _numpy_random_lock()
+    if lock is not None:
+        with lock:
             pass
+
+
+def _numpy_random_lock() -> Any:
+    """The lock numpy's global ``RandomState`` draws under; None before ``numpy.random``
+    is imported, or if a numpy keeps it elsewhere (a test pins where the installed one
+    keeps it: a missed lock must fail there, not as a child that never reports)."""
+    state = getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
+    return getattr(getattr(state, "_bit_generator", None), "lock", None)
 
 
 def _await_report(pid: int, ready_r: int) -> bool:

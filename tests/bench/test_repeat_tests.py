@@ -190,6 +190,25 @@ def test_the_table_has_a_row_per_selection(tmp_path: Path, capsys) -> None:
     assert lines[3] == "| - | `tests/b.py` | 5 | 0 | 1 | 0 busy | 3-3 |"
 
 
+def test_the_summary_counts_rounds_against_every_module(tmp_path: Path, capsys) -> None:
+    files = []
+    for name, runs, fails in (("a", 3, 0), ("b", 2, 1)):
+        doc = dict(selection=[f"tests/{name}.py"], repeats_run=runs, failures=fails, hangs=0,
+                   load=0, wall_s_per_repeat=[100.0] * runs)  # fmt: skip
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    table_main(["--rounds-of", "2", *map(str, files)])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "2 complete rounds of 2 modules (5 repeats of 2 modules), 500 s of repeats, "
+        "1 failure, 0 hangs"
+    )
+    table_main(["--rounds-of", "3", *map(str, files)])  # a third module has not run yet
+    assert capsys.readouterr().out.startswith("0 complete rounds of 3 modules (5 repeats")
+    with pytest.raises(SystemExit):
+        table_main(["--rounds-of", "0", str(files[0])])
+    assert "--rounds-of must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_load_processes_run_inside_and_are_stopped_after() -> None:
     with Load(2) as load:
         pids = load.pids()

@@ -209,6 +209,19 @@ def test_workers_forked_while_numpys_random_lock_was_held_are_forked_again() -> 
     assert "numpy's random lock" in message
 
 
+def test_the_probe_holds_the_lock_numpys_random_functions_draw_under() -> None:
+    """Pins numpy's private attribute the probe reads: a numpy that moves it fails here."""
+    np.random.random()  # numpy imports its random module on first use
+    lock = odb._process.forking._numpy_random_lock()
+    assert lock is not None
+    drawn = threading.Event()
+    with lock:
+        draw = threading.Thread(target=lambda: (np.random.random(), drawn.set()), daemon=True)
+        draw.start()
+        assert not drawn.wait(0.5)  # the draw waits for the lock the probe holds
+    assert drawn.wait(30)
+
+
 class _Holder:
     """A reference cycle around an object: only the collector frees it."""
 
